@@ -1,0 +1,180 @@
+# cython: language_level=3
+"""Small inline helpers shared by the kernels in _kernels.pyx.
+
+Everything here is ``noexcept nogil``: coordinate mapping (SPEC, "Coordinate mapping"), the
+half-precision conversions (SPEC, "Precision") and the OpenMP shim that lets the module build
+and run serially without OpenMP.
+"""
+from libc.math cimport fabs, floor, fmod, INFINITY
+from libc.stdint cimport uint16_t, uint32_t
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    #define GS3D_OPENMP 1
+    #else
+    #define GS3D_OPENMP 0
+    static int omp_get_max_threads(void) { return 1; }
+    static int omp_get_thread_num(void) { return 0; }
+    #endif
+    #include <string.h>
+    static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+    static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+    """
+    int GS3D_OPENMP
+    int omp_get_max_threads() noexcept nogil
+    int omp_get_thread_num() noexcept nogil
+    float gs3d_bits_to_float(uint32_t u) noexcept nogil
+    uint32_t gs3d_float_to_bits(float f) noexcept nogil
+
+# Interpolation and padding codes (the CANN codes).
+cdef enum:
+    MODE_BILINEAR = 0
+    MODE_NEAREST = 1
+    PAD_ZEROS = 0
+    PAD_BORDER = 1
+    PAD_REFLECTION = 2
+
+# Which 16-bit format an ``unsigned short`` buffer holds.
+cdef enum:
+    HALF_F16 = 0
+    HALF_BF16 = 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Half precision <-> float32.  Both directions are exact / round-to-nearest-even, keep
+# infinities, turn NaN into a quiet NaN of the same sign and handle float16 subnormals.
+# ---------------------------------------------------------------------------------------------
+
+cdef inline float f16_to_f32(uint16_t h) noexcept nogil:
+    cdef uint32_t u = (<uint32_t>(h & 0x7fff)) << 13
+    cdef uint32_t e = u & (<uint32_t>0x7c00 << 13)
+    u += <uint32_t>(127 - 15) << 23
+    if e == (<uint32_t>0x7c00 << 13):          # inf / NaN
+        u += <uint32_t>(128 - 16) << 23
+    elif e == 0:                                 # zero / subnormal: renormalise through the FPU
+        u += <uint32_t>1 << 23
+        u = gs3d_float_to_bits(gs3d_bits_to_float(u) - gs3d_bits_to_float(<uint32_t>113 << 23))
+    return gs3d_bits_to_float(u | ((<uint32_t>(h & 0x8000)) << 16))
+
+
+cdef inline uint16_t f32_to_f16(float f) noexcept nogil:
+    cdef uint32_t u = gs3d_float_to_bits(f)
+    cdef uint32_t sign = u & 0x80000000u
+    cdef uint32_t o
+    cdef uint32_t mant_odd
+    u ^= sign
+    if u >= (<uint32_t>(127 + 16) << 23):        # overflow, inf or NaN
+        o = 0x7e00 if u > 0x7f800000u else 0x7c00
+    elif u < (<uint32_t>113 << 23):              # result is subnormal or zero
+        # adding the magic number makes the FPU do the round-to-nearest-even shift
+        o = gs3d_float_to_bits(gs3d_bits_to_float(u) + gs3d_bits_to_float(<uint32_t>126 << 23)) \
+            - (<uint32_t>126 << 23)
+    else:
+        mant_odd = (u >> 13) & 1
+        u += (<uint32_t>(15 - 127) << 23) + 0xfff
+        u += mant_odd
+        o = u >> 13
+    return <uint16_t>(o | (sign >> 16))
+
+
+cdef inline float bf16_to_f32(uint16_t h) noexcept nogil:
+    return gs3d_bits_to_float((<uint32_t>h) << 16)
+
+
+cdef inline uint16_t f32_to_bf16(float f) noexcept nogil:
+    cdef uint32_t u = gs3d_float_to_bits(f)
+    if (u & 0x7fffffffu) > 0x7f800000u:          # NaN: keep the sign, make it quiet
+        return <uint16_t>((u >> 16) | 0x40)
+    u += 0x7fff + ((u >> 16) & 1)
+    return <uint16_t>(u >> 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# Coordinate mapping (SPEC, "Coordinate mapping" and "Non-finite and extreme coordinates").
+# Done in double for every dtype: it costs little and keeps huge float32 coordinates finite.
+# ---------------------------------------------------------------------------------------------
+
+cdef inline double clip_coord(double u, Py_ssize_t size, double* mult) noexcept nogil:
+    """Clip ``u`` to [0, size-1]; the derivative factor is 0 on and beyond the borders."""
+    cdef double hi = <double>(size - 1)
+    if u <= 0.0:
+        mult[0] = 0.0
+        return 0.0
+    if u >= hi:
+        mult[0] = 0.0
+        return hi
+    return u
+
+
+cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
+                           double* u_out, double* mult) noexcept nogil:
+    """Map a normalised coordinate to a padded source coordinate.
+
+    Writes the coordinate to ``u_out`` and du/dg times the padding factors to ``mult``. Returns
+    False when the point samples nothing along this axis (NaN, or an infinity under zeros or
+    reflection padding).
+    """
+    cdef double u, m, lo, span, t, r, k
+    if g != g:
+        return False
+    if g == INFINITY or g == -INFINITY:
+        if padding == PAD_BORDER:
+            u_out[0] = 0.0 if g < 0 else <double>(size - 1)
+            mult[0] = 0.0
+            return True
+        return False
+    if align:
+        u = (g + 1.0) / 2.0 * <double>(size - 1)
+        m = <double>(size - 1) / 2.0
+    else:
+        u = ((g + 1.0) * <double>size - 1.0) / 2.0
+        m = <double>size / 2.0
+    if padding == PAD_BORDER:
+        u = clip_coord(u, size, &m)
+    elif padding == PAD_REFLECTION:
+        if align:
+            lo = 0.0
+            span = <double>(size - 1)
+        else:
+            lo = -0.5
+            span = <double>size
+        if span == 0.0:
+            u_out[0] = 0.0
+            mult[0] = 0.0
+            return True
+        t = u - lo
+        if t < 0.0:
+            m = -m
+            t = -t
+        k = floor(t / span)
+        r = fmod(t, span)
+        if fmod(k, 2.0) != 0.0:
+            u = lo + span - r
+            m = -m
+        else:
+            u = lo + r
+        if u != u:                                   # overflowed to inf upstream
+            return False
+        u = clip_coord(u, size, &m)
+    u_out[0] = u
+    mult[0] = m
+    return True
+
+
+cdef inline Py_ssize_t floor_index(double u, Py_ssize_t size) noexcept nogil:
+    """floor(u) for a finite ``u``, first clamped to [-2, size + 1] so the cast cannot overflow.
+
+    Every clamped value stays outside [0, size) on the same side, so in-bounds tests are
+    unchanged.
+    """
+    cdef Py_ssize_t i
+    if u < -2.0:
+        u = -2.0
+    elif u > <double>(size + 1):
+        u = <double>(size + 1)
+    i = <Py_ssize_t>u
+    if <double>i > u:
+        i -= 1
+    return i
