@@ -5,7 +5,7 @@ Everything here is ``noexcept nogil``: coordinate mapping (SPEC, "Coordinate map
 half-precision conversions (SPEC, "Precision") and the OpenMP shim that lets the module build
 and run serially without OpenMP.
 """
-from libc.math cimport fabs, floor, fmod, INFINITY
+from libc.math cimport fmod, INFINITY
 from libc.stdint cimport uint16_t, uint32_t
 
 cdef extern from *:
@@ -116,7 +116,7 @@ cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
     False when the point samples nothing along this axis (NaN, or an infinity under zeros or
     reflection padding).
     """
-    cdef double u, m, lo, span, t, r, k
+    cdef double u, m, lo, span, t, r
     if g != g:
         return False
     if g == INFINITY or g == -INFINITY:
@@ -148,13 +148,13 @@ cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
         if t < 0.0:
             m = -m
             t = -t
-        k = floor(t / span)
-        r = fmod(t, span)
-        if fmod(k, 2.0) != 0.0:
-            u = lo + span - r
+        # parity of floor(t / span) taken exactly (a float floor(t / span) loses it for huge t)
+        r = fmod(t, 2.0 * span)
+        if r >= span:
+            u = lo + (span - (r - span))
             m = -m
         else:
-            u = lo + r
+            u = r + lo
         if u != u:                                   # overflowed to inf upstream
             return False
         u = clip_coord(u, size, &m)
