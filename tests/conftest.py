@@ -1,0 +1,42 @@
+"""Shared helpers of the gs3d tests."""
+import numpy as np
+import pytest
+
+MODES = ("bilinear", "nearest")
+PADDINGS = ("zeros", "border", "reflection")
+LAYOUTS = ("NCDHW", "NDHWC")
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+# SPEC, Precision: largest abs difference over the oracle's largest magnitude
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5, "float16": 1e-3, "bfloat16": 8e-3}
+
+
+def np_dtype(name):
+    if name == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def to_layout(a, layout):
+    """An NCDHW array in the given layout (a copy for NDHWC)."""
+    return a if layout == "NCDHW" else np.ascontiguousarray(np.moveaxis(a, 1, 4))
+
+
+def from_layout(a, layout):
+    """Back to NCDHW axis order (a view)."""
+    return a if layout == "NCDHW" else np.moveaxis(a, 4, 1)
+
+
+def rel_err(got, want):
+    """max |got - want| / max(|want|), with NaNs required at the same places."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    assert got.shape == want.shape
+    assert np.array_equal(np.isnan(got), np.isnan(want)), "NaN positions differ"
+    fin = np.isfinite(want)
+    assert np.array_equal(got[~fin], want[~fin]), "non-finite values differ"
+    if not fin.any():
+        return 0.0
+    scale = max(np.abs(want[fin]).max(), np.finfo(np.float64).tiny)
+    return float(np.abs(got[fin] - want[fin]).max() / scale)

@@ -1,0 +1,242 @@
+"""The compiled kernels against the worked example, the float64 reference (exhaustive product of
+options on small odd shapes), PyTorch (random cases) and finite differences of the forward."""
+import itertools
+import subprocess
+import zlib
+import sys
+
+import numpy as np
+import pytest
+
+import gs3d
+from gs3d import reference as ref
+
+from conftest import (DTYPES, LAYOUTS, MODES, PADDINGS, TOLERANCE, from_layout, np_dtype,
+                      rel_err, to_layout)
+
+WORKED = dict(
+    x=np.arange(1, 10).reshape(1, 1, 1, 3, 3),
+    grid=np.array([-1, -1, 0, -1, 1, -1, -1, 0, 0, 0, 1, 0]).reshape(1, 1, 2, 2, 3),
+    grad=np.ones((1, 1, 1, 2, 2)),
+    input_grad=[0.25, 0, 0, 0.5, 0, 0, 0.125, 0.5, 0],
+    grid_grad=[0.75, 0.75, -0.125, 2.625, -2.625, 0.875, 6.0, 2.25, -1.0, 0.75, -12.0, -2.0],
+    out=[0.25, 0.875, 2.0, 4.0],
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. the worked example of the operator page
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_worked_example(dtype, layout):
+    dt = np_dtype(dtype)
+    x = to_layout(WORKED["x"].astype(dt), layout)
+    grid = WORKED["grid"].astype(dt)
+    grad = to_layout(WORKED["grad"].astype(dt), layout)
+    dx, dgrid = gs3d.grid_sample_3d_backward(grad, x, grid, mode=0, padding_mode=0,
+                                             align_corners=False, output_mask=(True, True),
+                                             layout=layout)
+    out = gs3d.grid_sample_3d(x, grid, layout=layout)
+    assert dx.dtype == dt and dgrid.dtype == dt and out.dtype == dt
+    # every value of the example is exactly representable, even in bfloat16
+    assert from_layout(dx, layout).astype(np.float64).ravel().tolist() == WORKED["input_grad"]
+    assert dgrid.astype(np.float64).ravel().tolist() == WORKED["grid_grad"]
+    assert from_layout(out, layout).astype(np.float64).ravel().tolist() == WORKED["out"]
+
+
+def test_demo_prints_the_worked_example():
+    proc = subprocess.run([sys.executable, "-m", "gs3d", "demo"], capture_output=True,
+                          text=True, check=True)
+    lines = {ln.split(":")[0].strip(): ln.split(":", 1)[1].split() for ln in
+             proc.stdout.splitlines() if ":" in ln and not ln.startswith("acl")}
+    assert [float(v) for v in lines["input_grad"]] == WORKED["input_grad"]
+    assert [float(v) for v in lines["grid_grad"]] == WORKED["grid_grad"]
+    assert [float(v) for v in lines["forward"]] == WORKED["out"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. against the float64 reference: every option, every dtype, small odd shapes
+# ---------------------------------------------------------------------------------------------
+
+SIZES = (1, 2, 3, 5, 7)
+MASKS = ((True, True), (True, False), (False, True))
+
+
+def _case(rng, sizes, C, dtype, layout, reach):
+    """Random inputs rounded to ``dtype``; returns (kernel args, float64 NCDHW copies)."""
+    D, H, W, Do, Ho, Wo = sizes
+    N = 2
+    dt = np_dtype(dtype)
+    x = rng.standard_normal((N, C, D, H, W)).astype(dt)
+    grad = rng.standard_normal((N, C, Do, Ho, Wo)).astype(dt)
+    grid = rng.uniform(-1.0, 1.0, (N, Do, Ho, Wo, 3)) * rng.choice([1.05, 1.5, reach],
+                                                                   (N, Do, Ho, Wo, 1))
+    grid = grid.astype(dt)
+    return ((to_layout(grad, layout), to_layout(x, layout), grid),
+            tuple(a.astype(np.float64) for a in (grad, x, grid)))
+
+
+OPTION_PRODUCT = list(itertools.product(MODES, PADDINGS, (False, True), LAYOUTS, DTYPES))
+
+
+@pytest.mark.parametrize("mode,padding,align,layout,dtype", OPTION_PRODUCT)
+def test_against_reference(mode, padding, align, layout, dtype):
+    rng = np.random.default_rng(zlib.crc32(repr((mode, padding, align, layout, dtype)).encode()))
+    tol = TOLERANCE[dtype]
+    for i in range(3):
+        # cycle the sizes 1, 2, 3, 5, 7 through the six spatial axes
+        sizes = tuple(SIZES[(i + 2 * j + len(mode)) % 5] for j in range(6))
+        C = (1, 3, 4)[i]
+        (grad, x, grid), (grad64, x64, grid64) = _case(rng, sizes, C, dtype, layout, 3.0)
+        opts = dict(mode=mode, padding_mode=padding, align_corners=align)
+        want_out = ref.grid_sample_3d(x64, grid64, **opts)
+        out = gs3d.grid_sample_3d(x, grid, layout=layout, **opts)
+        assert out.dtype == x.dtype
+        assert rel_err(from_layout(out, layout), want_out) <= tol
+        want_dx, want_dg = ref.grid_sample_3d_backward(grad64, x64, grid64, **opts)
+        for mask in MASKS:
+            dx, dg = gs3d.grid_sample_3d_backward(grad, x, grid, layout=layout,
+                                                  output_mask=mask, **opts)
+            assert (dx is None) == (not mask[0]) and (dg is None) == (not mask[1])
+            if mask[0]:
+                assert dx.dtype == x.dtype and dx.shape == x.shape
+                assert rel_err(from_layout(dx, layout), want_dx) <= tol, ("dx", sizes, C, mask)
+            if mask[1]:
+                assert dg.dtype == x.dtype and dg.shape == grid.shape
+                assert rel_err(dg, want_dg) <= tol, ("dgrid", sizes, C, mask)
+                if mode == "nearest":
+                    assert not np.any(dg.astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_rounds_once(dtype):
+    """Many points accumulate into one voxel: a float16/bfloat16 accumulator would drift far
+    from the float64 result; one rounding at the end stays within SPEC's tolerance."""
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((1, 2, 2, 2, 2)).astype(dt)
+    grid = rng.uniform(-0.2, 0.2, (1, 20, 20, 20, 3)).astype(dt)
+    grad = rng.uniform(0.5, 1.0, (1, 2, 20, 20, 20)).astype(dt)
+    want_dx, want_dg = ref.grid_sample_3d_backward(*(a.astype(np.float64) for a in (grad, x, grid)))
+    dx, dg = gs3d.grid_sample_3d_backward(grad, x, grid)
+    assert rel_err(dx, want_dx) <= TOLERANCE[dtype]
+    assert rel_err(dg, want_dg) <= TOLERANCE[dtype]
+    # each element is the float64 value rounded once: within half a unit in the last place of
+    # the storage format (plus the float32 accumulation error), which a 16-bit accumulator
+    # summing ~1000 contributions per voxel would miss by many units
+    want = want_dx[want_dx != 0]
+    got = dx.astype(np.float64)[want_dx != 0]
+    ulp = 2.0 ** (np.floor(np.log2(np.abs(want))) - (10 if dtype == "float16" else 7))
+    assert np.all(np.abs(got - want) <= 0.5 * ulp + 1e-5 * np.abs(want))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. against PyTorch on random cases
+# ---------------------------------------------------------------------------------------------
+
+TORCH_CASES = list(itertools.product(MODES, PADDINGS, (False, True), LAYOUTS, ("float64", "float32")))
+
+
+@pytest.mark.parametrize("mode,padding,align,layout,dtype", TORCH_CASES)
+def test_against_torch(mode, padding, align, layout, dtype):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(zlib.crc32(repr(("torch", mode, padding, align, layout, dtype)).encode()))
+    N, C, D, H, W, Do, Ho, Wo = 2, 5, 9, 6, 11, 7, 8, 5
+    dt = np.dtype(dtype)
+    x = rng.standard_normal((N, C, D, H, W)).astype(dt)
+    grad = rng.standard_normal((N, C, Do, Ho, Wo)).astype(dt)
+    grid = rng.uniform(-1.4, 1.4, (N, Do, Ho, Wo, 3)).astype(dt)
+    tx, tg, tq = (torch.from_numpy(a) for a in (x, grad, grid))
+    mi, pi = MODES.index(mode), PADDINGS.index(padding)
+    want_out = torch.nn.functional.grid_sample(tx, tq, mode=mode, padding_mode=padding,
+                                               align_corners=align).numpy()
+    want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
+        tg, tx, tq, mi, pi, align, [True, True]))
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for threads in (1, 2):
+        opts = dict(mode=mode, padding_mode=padding, align_corners=align, layout=layout,
+                    num_threads=threads)
+        out = gs3d.grid_sample_3d(to_layout(x, layout), grid, **opts)
+        dx, dg = gs3d.grid_sample_3d_backward(to_layout(grad, layout), to_layout(x, layout),
+                                              grid, **opts)
+        assert rel_err(from_layout(out, layout), want_out) <= tol
+        assert rel_err(from_layout(dx, layout), want_dx) <= tol
+        assert rel_err(dg, want_dg) <= tol
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_against_torch_float64(dtype):
+    """Halves are compared with PyTorch in float64 on the same rounded inputs."""
+    torch = pytest.importorskip("torch")
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 6, 8, 7, 9)).astype(dt)
+    grad = rng.standard_normal((2, 6, 6, 5, 7)).astype(dt)
+    grid = rng.uniform(-1.2, 1.2, (2, 6, 5, 7, 3)).astype(dt)
+    tx, tg, tq = (torch.from_numpy(a.astype(np.float64)) for a in (x, grad, grid))
+    want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
+        tg, tx, tq, 0, 0, False, [True, True]))
+    dx, dg = gs3d.grid_sample_3d_backward(grad, x, grid)
+    assert rel_err(dx, want_dx) <= TOLERANCE[dtype]
+    assert rel_err(dg, want_dg) <= TOLERANCE[dtype]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. finite differences of the forward (float64, trilinear)
+# ---------------------------------------------------------------------------------------------
+
+def _grid_away_from_faces(rng, shape_in, out_shape, padding, align):
+    """Normalised coordinates whose source positions sit inside voxels, away from faces, clip
+    limits and reflection folds; reflection also gets points mirrored outside [-1, 1]."""
+    D, H, W = shape_in
+    comps = []
+    for size in (W, H, D):
+        cells = rng.integers(0, max(size - 1, 1), out_shape)
+        u = cells + rng.uniform(0.15, 0.85, out_shape)
+        if padding == "zeros":
+            u = u + rng.choice([0.0, -1.0, 1.0], out_shape) * (size > 1)   # some half-outside
+        if padding == "reflection":
+            lo, span = (0.0, size - 1.0) if align else (-0.5, float(size))
+            flip = rng.random(out_shape) < 0.5
+            u = np.where(flip, 2 * lo - u, u)                              # mirrored about lo
+            u = np.where(rng.random(out_shape) < 0.3, u + 2 * span, u)     # one period further
+        g = 2 * u / (size - 1) - 1 if align else (2 * u + 1) / size - 1
+        comps.append(g)
+    return np.stack(comps, axis=-1)
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("align", (False, True))
+def test_finite_differences(padding, align):
+    rng = np.random.default_rng(PADDINGS.index(padding) * 2 + align)
+    N, C, D, H, W = 2, 3, 4, 5, 6
+    out_shape = (N, 3, 4, 2)
+    x = rng.standard_normal((N, C, D, H, W))
+    grid = _grid_away_from_faces(rng, (D, H, W), out_shape, padding, align)
+    grad = rng.standard_normal((N, C) + out_shape[1:])
+    opts = dict(padding_mode=padding, align_corners=align)
+    dx, dg = gs3d.grid_sample_3d_backward(grad, x, grid, **opts)
+
+    def loss(xv, gv):
+        return float(np.sum(grad * gs3d.grid_sample_3d(xv, gv, **opts)))
+
+    # dx: the forward is linear in x, so a central difference along a random direction is exact
+    # up to rounding
+    h = 1e-3
+    for _ in range(3):
+        v = rng.standard_normal(x.shape)
+        fd = (loss(x + h * v, grid) - loss(x - h * v, grid)) / (2 * h)
+        assert abs(fd - np.sum(dx * v)) <= 1e-9 * max(1.0, abs(fd))
+    # dgrid: central differences per coordinate of a sample of points
+    h = 1e-6
+    flat = grid.reshape(-1, 3)
+    dflat = dg.reshape(-1, 3)
+    for p in rng.choice(flat.shape[0], 12, replace=False):
+        for a in range(3):
+            gp, gm = flat.copy(), flat.copy()
+            gp[p, a] += h
+            gm[p, a] -= h
+            fd = (loss(x, gp.reshape(grid.shape)) - loss(x, gm.reshape(grid.shape))) / (2 * h)
+            assert abs(fd - dflat[p, a]) <= 1e-6 * max(1.0, abs(fd)), (p, a, fd, dflat[p, a])
