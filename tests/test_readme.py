@@ -1,0 +1,14 @@
+"""The README's Python examples run as written."""
+import pathlib
+import re
+
+import pytest
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S) if README.exists() else []
+
+
+@pytest.mark.skipif(not BLOCKS, reason="README.md not found next to the tests")
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_readme_example(index):
+    exec(compile(BLOCKS[index], f"README.md[python block {index}]", "exec"), {})
