@@ -257,6 +257,45 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
 # backward
 # ---------------------------------------------------------------------------------------------
 
+cdef inline acc_t dot_channels(const acc_t* go, const store_t* x, Py_ssize_t off, Py_ssize_t xc,
+                               Py_ssize_t C, int hk) noexcept nogil:
+    """sum_c go[c] * x[off + c * xc] in a fixed order: four interleaved partial sums, then
+    ((s0 + s1) + (s2 + s3)).  The same order for every stride, so results never depend on the
+    layout, and the unit-stride loop vectorises without -ffast-math."""
+    cdef acc_t s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    cdef Py_ssize_t c = 0
+    if xc == 1:
+        while c + 4 <= C:
+            s0 = s0 + go[c] * <acc_t>ld(x, off + c, hk)
+            s1 = s1 + go[c + 1] * <acc_t>ld(x, off + c + 1, hk)
+            s2 = s2 + go[c + 2] * <acc_t>ld(x, off + c + 2, hk)
+            s3 = s3 + go[c + 3] * <acc_t>ld(x, off + c + 3, hk)
+            c += 4
+    else:
+        while c + 4 <= C:
+            s0 = s0 + go[c] * <acc_t>ld(x, off + c * xc, hk)
+            s1 = s1 + go[c + 1] * <acc_t>ld(x, off + (c + 1) * xc, hk)
+            s2 = s2 + go[c + 2] * <acc_t>ld(x, off + (c + 2) * xc, hk)
+            s3 = s3 + go[c + 3] * <acc_t>ld(x, off + (c + 3) * xc, hk)
+            c += 4
+    while c < C:
+        s0 = s0 + go[c] * <acc_t>ld(x, off + c * xc, hk)
+        c += 1
+    return (s0 + s1) + (s2 + s3)
+
+
+cdef inline void axpy_channels(acc_t* A, Py_ssize_t off, Py_ssize_t ac, acc_t w, const acc_t* go,
+                               Py_ssize_t C) noexcept nogil:
+    """A[off + c * ac] += w * go[c] for every channel."""
+    cdef Py_ssize_t c
+    if ac == 1:
+        for c in range(C):
+            A[off + c] += w * go[c]
+    else:
+        for c in range(C):
+            A[off + c * ac] += w * go[c]
+
+
 cdef void backward_points(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                           acc_t* A, Py_ssize_t* As, acc_t* go, Geo* g, Py_ssize_t n,
                           Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t zlo, Py_ssize_t zhi,
@@ -270,18 +309,35 @@ cdef void backward_points(const store_t* grad, const store_t* x, const store_t* 
     """
     cdef Corners k
     cdef Py_ssize_t p, od, oh, ow, rem, c, C = g.C, xc = g.xs[4], gc = g.gs[4], ac = As[3]
-    cdef Py_ssize_t HW = g.Ho * g.Wo, qo, ob, base, abase, off, aoff, kp, zc, zi
-    cdef Py_ssize_t cz, cy, cx
+    cdef Py_ssize_t qo, ob, base, abase, off, kp, zi, j
     cdef bint full_slab = zlo <= 0 and zhi >= g.D
-    cdef bint owner, vz, vy, vx, need_dx, okz
+    cdef bint owner, need_dx, okz, slab0, slab1
     cdef double uz, mz
-    cdef acc_t w, dot, gx, gy, gz, wx0, wx1, wy0, wy1, wz0, wz1, fx, fy, fz
+    cdef acc_t dot, gx, gy, gz
+    cdef acc_t wx[2]
+    cdef acc_t wy[2]
+    cdef acc_t wz[2]
+    cdef bint vx[2]
+    cdef bint vy[2]
+    cdef bint vz[2]
+    cdef Py_ssize_t xoff[8]
+    cdef Py_ssize_t aoff[8]
     cdef int hk = g.half_kind
+    if p0 >= p1:
+        return
+    od = p0 // (g.Ho * g.Wo)
+    rem = p0 - od * g.Ho * g.Wo
+    oh = rem // g.Wo
+    ow = rem - oh * g.Wo - 1
     for p in range(p0, p1):
-        od = p // HW
-        rem = p - od * HW
-        oh = rem // g.Wo
-        ow = rem - oh * g.Wo
+        # (od, oh, ow) of point p, without divisions
+        ow += 1
+        if ow == g.Wo:
+            ow = 0
+            oh += 1
+            if oh == g.Ho:
+                oh = 0
+                od += 1
         qo = n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3]
         if not full_slab:
             # cheap depth-only test first: most points have no corner in this slab
@@ -294,8 +350,12 @@ cdef void backward_points(const store_t* grad, const store_t* x, const store_t* 
         need_dx = do_dx and k.valid
         ob = n * g.gs[0] + od * g.gs[1] + oh * g.gs[2] + ow * g.gs[3]
         if need_dx or (owner and k.valid and g.mode == MODE_BILINEAR):
-            for c in range(C):
-                go[c] = <acc_t>ld(grad, ob + c * gc, hk)
+            if gc == 1:
+                for c in range(C):
+                    go[c] = <acc_t>ld(grad, ob + c, hk)
+            else:
+                for c in range(C):
+                    go[c] = <acc_t>ld(grad, ob + c * gc, hk)
         if g.mode == MODE_NEAREST:
             if owner:
                 off = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
@@ -303,51 +363,48 @@ cdef void backward_points(const store_t* grad, const store_t* x, const store_t* 
                 st(dq, off + g.os[4], <acc_t>0, hk)
                 st(dq, off + 2 * g.os[4], <acc_t>0, hk)
             if need_dx and k.vx0 and k.vy0 and k.vz0 and zlo <= k.z0 < zhi:
-                aoff = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
-                for c in range(C):
-                    A[aoff + c * ac] += go[c]
+                axpy_channels(A, k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2], ac, <acc_t>1, go, C)
             continue
-        wx1 = <acc_t>k.wx1
-        wy1 = <acc_t>k.wy1
-        wz1 = <acc_t>k.wz1
-        wx0 = <acc_t>(1.0 - k.wx1)
-        wy0 = <acc_t>(1.0 - k.wy1)
-        wz0 = <acc_t>(1.0 - k.wz1)
         gx = 0
         gy = 0
         gz = 0
-        base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
-        abase = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
         if k.valid:
-            for cz in range(2):
-                vz = k.vz1 if cz else k.vz0
-                if not vz:
-                    continue
-                zc = k.z0 + cz
-                for cy in range(2):
-                    vy = k.vy1 if cy else k.vy0
-                    if not vy:
-                        continue
-                    for cx in range(2):
-                        vx = k.vx1 if cx else k.vx0
-                        if not vx:
-                            continue
-                        fx = (wy1 if cy else wy0) * (wz1 if cz else wz0)
-                        fy = (wx1 if cx else wx0) * (wz1 if cz else wz0)
-                        fz = (wx1 if cx else wx0) * (wy1 if cy else wy0)
-                        if owner:
-                            off = base + cz * g.xs[1] + cy * g.xs[2] + cx * g.xs[3]
-                            dot = 0
-                            for c in range(C):
-                                dot = dot + go[c] * <acc_t>ld(x, off + c * xc, hk)
-                            gx = gx + dot * fx if cx else gx - dot * fx
-                            gy = gy + dot * fy if cy else gy - dot * fy
-                            gz = gz + dot * fz if cz else gz - dot * fz
-                        if need_dx and zlo <= zc < zhi:
-                            w = (wx1 if cx else wx0) * fx
-                            aoff = abase + cz * As[0] + cy * As[1] + cx * As[2]
-                            for c in range(C):
-                                A[aoff + c * ac] += w * go[c]
+            wx[1] = <acc_t>k.wx1
+            wy[1] = <acc_t>k.wy1
+            wz[1] = <acc_t>k.wz1
+            wx[0] = <acc_t>(1.0 - k.wx1)
+            wy[0] = <acc_t>(1.0 - k.wy1)
+            wz[0] = <acc_t>(1.0 - k.wz1)
+            vx[0], vx[1], vy[0], vy[1], vz[0], vz[1] = k.vx0, k.vx1, k.vy0, k.vy1, k.vz0, k.vz1
+            base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
+            abase = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
+            for j in range(8):
+                # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
+                xoff[j] = base + (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
+                aoff[j] = abase + (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
+            if owner:
+                for j in range(8):
+                    if vz[j >> 2] and vy[(j >> 1) & 1] and vx[j & 1]:
+                        dot = dot_channels(go, x, xoff[j], xc, C, hk)
+                        if j & 1:
+                            gx = gx + dot * (wy[(j >> 1) & 1] * wz[j >> 2])
+                        else:
+                            gx = gx - dot * (wy[(j >> 1) & 1] * wz[j >> 2])
+                        if (j >> 1) & 1:
+                            gy = gy + dot * (wx[j & 1] * wz[j >> 2])
+                        else:
+                            gy = gy - dot * (wx[j & 1] * wz[j >> 2])
+                        if j >> 2:
+                            gz = gz + dot * (wx[j & 1] * wy[(j >> 1) & 1])
+                        else:
+                            gz = gz - dot * (wx[j & 1] * wy[(j >> 1) & 1])
+            if need_dx:
+                slab0 = vz[0] and zlo <= k.z0 < zhi
+                slab1 = vz[1] and zlo <= k.z0 + 1 < zhi
+                for j in range(8):
+                    if (slab1 if j >> 2 else slab0) and vy[(j >> 1) & 1] and vx[j & 1]:
+                        axpy_channels(A, aoff[j], ac,
+                                      wx[j & 1] * (wy[(j >> 1) & 1] * wz[j >> 2]), go, C)
         if owner:
             off = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
             st(dq, off, <acc_t>k.mx * gx, hk)
