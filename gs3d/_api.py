@@ -218,7 +218,11 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
         half = kind in _HALF_KIND
         store = np.uint16 if half else x.dtype
         D, H, W = pb.in_spatial
-        dx_acc = np.empty((D, H, W, pb.C) if (half and want_dx) else (1, 1, 1, 1), dtype=acc)
+        if half and want_dx:
+            # float32 accumulator for one batch item, in the memory order of input_grad
+            dx_acc = _ndhwc(np.empty(volume_shape(1, pb.C, (D, H, W), cl), dtype=acc), cl)[0]
+        else:
+            dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         _kernels.backward(
             _ndhwc(_storage(kernel_ready(g), kind), cl),
             _ndhwc(_storage(kernel_ready(x), kind), cl),

@@ -117,12 +117,14 @@ cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
     reflection padding).
     """
     cdef double u, m, lo, span, t, r
+    # a point that samples nothing still gets defined outputs: position 0, multiplier 0
+    u_out[0] = 0.0
+    mult[0] = 0.0
     if g != g:
         return False
     if g == INFINITY or g == -INFINITY:
         if padding == PAD_BORDER:
             u_out[0] = 0.0 if g < 0 else <double>(size - 1)
-            mult[0] = 0.0
             return True
         return False
     if align:

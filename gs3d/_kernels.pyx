@@ -322,6 +322,8 @@ cdef void backward_points(const store_t* grad, const store_t* x, const store_t* 
     cdef bint vz[2]
     cdef Py_ssize_t xoff[8]
     cdef Py_ssize_t aoff[8]
+    cdef acc_t wk[8]
+    cdef int nok
     cdef int hk = g.half_kind
     if p0 >= p1:
         return
@@ -401,10 +403,22 @@ cdef void backward_points(const store_t* grad, const store_t* x, const store_t* 
             if need_dx:
                 slab0 = vz[0] and zlo <= k.z0 < zhi
                 slab1 = vz[1] and zlo <= k.z0 + 1 < zhi
+                nok = 0
                 for j in range(8):
                     if (slab1 if j >> 2 else slab0) and vy[(j >> 1) & 1] and vx[j & 1]:
-                        axpy_channels(A, aoff[j], ac,
-                                      wx[j & 1] * (wy[(j >> 1) & 1] * wz[j >> 2]), go, C)
+                        aoff[nok] = aoff[j]
+                        wk[nok] = wx[j & 1] * (wy[(j >> 1) & 1] * wz[j >> 2])
+                        nok += 1
+                if ac == 1:
+                    for j in range(nok):
+                        axpy_channels(A, aoff[j], 1, wk[j], go, C)
+                else:
+                    # channels outermost: consecutive read-modify-writes a whole channel plane
+                    # apart would alias in the low address bits (power-of-two volumes) and
+                    # stall on false store-to-load dependencies
+                    for c in range(C):
+                        for j in range(nok):
+                            A[aoff[j] + c * ac] += wk[j] * go[c]
         if owner:
             off = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
             st(dq, off, <acc_t>k.mx * gx, hk)
@@ -413,29 +427,53 @@ cdef void backward_points(const store_t* grad, const store_t* x, const store_t* 
 
 
 cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
+    """Zero the accumulator planes [zlo, zhi), walking memory in order for either layout."""
     cdef Py_ssize_t z, y, xx, c, o
-    for z in range(zlo, zhi):
-        for y in range(g.H):
-            for xx in range(g.W):
-                o = z * As[0] + y * As[1] + xx * As[2]
-                for c in range(g.C):
-                    A[o + c * As[3]] = 0
+    if As[3] > As[2]:              # channels outermost in memory (NCDHW)
+        for c in range(g.C):
+            for z in range(zlo, zhi):
+                for y in range(g.H):
+                    o = c * As[3] + z * As[0] + y * As[1]
+                    for xx in range(g.W):
+                        A[o + xx * As[2]] = 0
+    else:
+        for z in range(zlo, zhi):
+            for y in range(g.H):
+                for xx in range(g.W):
+                    o = z * As[0] + y * As[1] + xx * As[2]
+                    for c in range(g.C):
+                        A[o + c * As[3]] = 0
+
+
+cdef inline void round_one(const float* A, Py_ssize_t a, unsigned short* dx, Py_ssize_t d,
+                           int half_kind) noexcept nogil:
+    if half_kind == HALF_BF16:
+        dx[d] = f32_to_bf16(A[a])
+    else:
+        dx[d] = f32_to_f16(A[a])
 
 
 cdef void round_planes(const float* A, Py_ssize_t* As, unsigned short* dx, Geo* g, Py_ssize_t n,
                        Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
     """Round the float32 accumulator planes [zlo, zhi) once into the 16-bit input_grad."""
     cdef Py_ssize_t z, y, xx, c, o, d
-    for z in range(zlo, zhi):
-        for y in range(g.H):
-            for xx in range(g.W):
-                o = z * As[0] + y * As[1] + xx * As[2]
-                d = n * g.ds[0] + z * g.ds[1] + y * g.ds[2] + xx * g.ds[3]
-                for c in range(g.C):
-                    if g.half_kind == HALF_BF16:
-                        dx[d + c * g.ds[4]] = f32_to_bf16(A[o + c * As[3]])
-                    else:
-                        dx[d + c * g.ds[4]] = f32_to_f16(A[o + c * As[3]])
+    cdef Py_ssize_t* ds = g.ds
+    if ds[4] > ds[3]:              # channels outermost in memory (NCDHW)
+        for c in range(g.C):
+            for z in range(zlo, zhi):
+                for y in range(g.H):
+                    o = c * As[3] + z * As[0] + y * As[1]
+                    d = n * ds[0] + c * ds[4] + z * ds[1] + y * ds[2]
+                    for xx in range(g.W):
+                        round_one(A, o + xx * As[2], dx, d + xx * ds[3], g.half_kind)
+    else:
+        for z in range(zlo, zhi):
+            for y in range(g.H):
+                for xx in range(g.W):
+                    o = z * As[0] + y * As[1] + xx * As[2]
+                    d = n * ds[0] + z * ds[1] + y * ds[2] + xx * ds[3]
+                    for c in range(g.C):
+                        round_one(A, o + c * As[3], dx, d + c * ds[4], g.half_kind)
 
 
 cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_t* bounds) noexcept nogil:

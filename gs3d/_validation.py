@@ -5,6 +5,7 @@ writes nothing.  Errors carry the CANN status codes of ``aclnnGridSampler3DBackw
 """
 from __future__ import annotations
 
+import os
 from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
@@ -79,8 +80,10 @@ def parse_bool(value: Any, what: str) -> bool:
 
 
 def parse_output_mask(output_mask: Any) -> Tuple[bool, bool]:
-    if isinstance(output_mask, (str, bytes)) or not hasattr(output_mask, "__len__"):
-        _fail(f"output_mask must be a sequence of two bools; got {_describe(output_mask)}")
+    if not isinstance(output_mask, (list, tuple, np.ndarray)):
+        _fail(f"output_mask must be a list or tuple of two bools; got {_describe(output_mask)}")
+    if isinstance(output_mask, np.ndarray) and output_mask.ndim != 1:
+        _fail(f"output_mask must be one-dimensional; got shape {output_mask.shape}")
     if len(output_mask) != 2:
         _fail(f"output_mask must have length 2 (want_input_grad, want_grid_grad); "
               f"got length {len(output_mask)}")
@@ -88,14 +91,19 @@ def parse_output_mask(output_mask: Any) -> Tuple[bool, bool]:
             parse_bool(output_mask[1], "output_mask[1]"))
 
 
+# An explicit thread count above this is reduced to it: oversubscription beyond a few threads
+# per core only costs time, and an absurd count must not reach the OpenMP runtime.
+MAX_THREADS = min(1024, 4 * max(1, os.cpu_count() or 1))
+
+
 def parse_num_threads(num_threads: Any, default: int) -> int:
     if num_threads is None:
-        return max(1, default)
+        return max(1, min(default, MAX_THREADS))
     if isinstance(num_threads, (bool, np.bool_)) or not isinstance(num_threads, (int, np.integer)):
         _fail(f"num_threads must be None or a positive integer; got {_describe(num_threads)}")
     if num_threads < 1:
         _fail(f"num_threads must be None or a positive integer; got {int(num_threads)}")
-    return int(num_threads)
+    return int(min(num_threads, MAX_THREADS))
 
 
 def parse_deterministic(deterministic: Any) -> Optional[bool]:
@@ -157,6 +165,8 @@ def kernel_ready(arr: np.ndarray) -> np.ndarray:
 
 def _self_overlaps(arr: np.ndarray) -> bool:
     """Conservative test: can two different elements of ``arr`` share memory?"""
+    if arr.size == 0:
+        return False
     dims = sorted((abs(s), n) for s, n in zip(arr.strides, arr.shape) if n > 1)
     extent = arr.dtype.itemsize
     for stride, n in dims:
