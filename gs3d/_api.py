@@ -144,7 +144,7 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
         _ndhwc(_storage(kernel_ready(x), pb.kind), pb.channels_last),
         _storage(kernel_ready(q), pb.kind),
         _ndhwc(_storage(target, pb.kind), pb.channels_last),
-        np.empty((nt, pb.C), dtype=acc),
+        np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc),
         pb.mode, pb.padding, pb.align, _HALF_KIND.get(pb.kind, 0), nt)
     if target is not result:
         result[...] = target
@@ -229,7 +229,7 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
             _storage(kernel_ready(q), kind),
             _ndhwc(_storage(dx_k, kind), cl) if want_dx else np.empty((1,) * 5, dtype=store),
             _storage(dg_k, kind) if want_dg else np.empty((1, 1, 1, 1, 3), dtype=store),
-            dx_acc, np.empty((nt, pb.C), dtype=acc),
+            dx_acc, np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc),
             pb.mode, pb.padding, pb.align, _HALF_KIND.get(kind, 0), want_dx, want_dg, nt)
         if want_dx and dx_k is not dx:
             dx[...] = dx_k

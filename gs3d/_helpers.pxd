@@ -19,6 +19,11 @@ cdef extern from *:
     static int omp_get_thread_num(void) { return 0; }
     #endif
     #include <string.h>
+    #if defined(__GNUC__) || defined(__clang__)
+    #define gs3d_prefetch(p) __builtin_prefetch((const void*)(p))
+    #else
+    #define gs3d_prefetch(p) ((void)0)
+    #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
@@ -27,6 +32,7 @@ cdef extern from *:
     int omp_get_thread_num() noexcept nogil
     float gs3d_bits_to_float(uint32_t u) noexcept nogil
     uint32_t gs3d_float_to_bits(float f) noexcept nogil
+    void gs3d_prefetch(const void* p) noexcept nogil
 
 # Interpolation and padding codes (the CANN codes).
 cdef enum:
@@ -177,6 +183,4 @@ cdef inline Py_ssize_t floor_index(double u, Py_ssize_t size) noexcept nogil:
     elif u > <double>(size + 1):
         u = <double>(size + 1)
     i = <Py_ssize_t>u
-    if <double>i > u:
-        i -= 1
-    return i
+    return i - (<double>i > u)

@@ -27,7 +27,7 @@ from libc.stdint cimport uint16_t
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
-    map_coord, floor_index, MODE_BILINEAR, MODE_NEAREST, HALF_F16, HALF_BF16,
+    map_coord, floor_index, gs3d_prefetch, MODE_BILINEAR, MODE_NEAREST, HALF_F16, HALF_BF16,
 )
 
 ctypedef fused store_t:
@@ -49,6 +49,15 @@ cdef struct Geo:
     Py_ssize_t ds[5]     # input_grad strides, axes N, D, H, W, C
     Py_ssize_t as_[4]    # float32 accumulator strides (16-bit input_grad), axes D, H, W, C
     int mode, padding, align, half_kind
+
+
+cdef enum:
+    TILE = 64        # points per tile
+    AHEAD = 6        # prefetch the corners of the point this many ahead
+
+
+# columns of scratch a kernel needs beyond the C of the channel buffer
+SCRATCH_EXTRA = 32 * TILE
 
 
 def openmp_enabled():
@@ -162,62 +171,205 @@ cdef inline void setup_point(const store_t* q, Py_ssize_t qo, Py_ssize_t qc, Geo
 
 
 # ---------------------------------------------------------------------------------------------
+# tiles: the set-up of TILE points at once, then the channel work
+# ---------------------------------------------------------------------------------------------
+
+cdef struct Tile:
+    int npts
+    Py_ssize_t ob[TILE]          # offset of the point in grad_output / the forward output
+    Py_ssize_t oq[TILE]          # offset of the point in grid_grad
+    Py_ssize_t xo[8 * TILE]      # input offset of each corner (batch included)
+    Py_ssize_t ao[8 * TILE]      # accumulator offset of each corner
+    double w[8 * TILE]           # corner weights (values of the compute type)
+    double f[6 * TILE]           # wx0, wx1, wy0, wy1, wz0, wz1 (values of the compute type)
+    double mult[3 * TILE]        # grid-gradient multipliers
+    unsigned char vd[TILE]       # bit j: corner j in bounds (gathered for the grid gradient)
+    unsigned char vs[TILE]       # bit j: corner j in bounds and in this slab (scattered)
+    unsigned char own[TILE]      # 1: this call writes the point's grid gradient
+
+
+cdef inline void prefetch_corners(const store_t* x, Tile* t, int i) noexcept nogil:
+    """Ask for the four cache lines holding point i's corners (x0 and x1 share a line mostly).
+    Only called for points whose corner offsets were set."""
+    if t.vd[i]:
+        gs3d_prefetch(&x[t.xo[8 * i]])
+        gs3d_prefetch(&x[t.xo[8 * i + 2]])
+        gs3d_prefetch(&x[t.xo[8 * i + 4]])
+        gs3d_prefetch(&x[t.xo[8 * i + 6]])
+
+
+cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
+                     Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx,
+                     bint do_dg, bint own_all, Tile* t) noexcept nogil:
+    """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n``.
+
+    Weights are computed in the compute type ``acc_t`` (``As_dummy`` only selects it) and kept
+    as doubles, which hold them exactly.  Corners out of bounds get no flag bit; their offsets
+    are never dereferenced.
+    """
+    cdef Corners k
+    cdef Py_ssize_t od, oh, ow, rem, qo, zi, kp, base, abase, i8
+    cdef int i, j
+    cdef bint full_slab = zlo <= 0 and zhi >= g.D
+    cdef bint okz
+    cdef double uz, mz
+    cdef acc_t wx[2]
+    cdef acc_t wy[2]
+    cdef acc_t wz[2]
+    cdef Py_ssize_t xd[8]
+    cdef Py_ssize_t ad[8]
+    cdef int hk = g.half_kind
+    t.npts = cnt
+    for j in range(8):
+        xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
+        ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
+    od = p0 // (g.Ho * g.Wo)
+    rem = p0 - od * g.Ho * g.Wo
+    oh = rem // g.Wo
+    ow = rem - oh * g.Wo
+    for i in range(cnt):
+        if i:
+            ow += 1
+            if ow == g.Wo:
+                ow = 0
+                oh += 1
+                if oh == g.Ho:
+                    oh = 0
+                    od += 1
+        t.vd[i] = 0
+        t.vs[i] = 0
+        t.own[i] = 0
+        qo = n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3]
+        if not full_slab:
+            # cheap depth-only test first: most points have no corner in this slab
+            okz = axis_index(ld(q, qo + 2 * g.qs[4], hk), g.D, g, &uz, &mz, &zi)
+            kp = key_of(okz, zi, g.D)
+            if not (zlo <= kp < zhi or (okz and zlo - 1 <= zi < zhi)):
+                continue
+        setup_point(q, qo, g.qs[4], g, &k)
+        t.own[i] = do_dg and (own_all or zlo <= k.key < zhi)
+        t.ob[i] = n * g.gs[0] + od * g.gs[1] + oh * g.gs[2] + ow * g.gs[3]
+        t.oq[i] = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
+        t.mult[3 * i] = k.mx
+        t.mult[3 * i + 1] = k.my
+        t.mult[3 * i + 2] = k.mz
+        if not k.valid:
+            continue
+        base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
+        abase = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
+        i8 = 8 * i
+        if g.mode == MODE_NEAREST:
+            # one corner of weight 1; the grid gradient is exactly zero
+            t.mult[3 * i] = t.mult[3 * i + 1] = t.mult[3 * i + 2] = 0.0
+            if k.vx0 and k.vy0 and k.vz0:
+                t.xo[i8] = base
+                t.ao[i8] = abase
+                t.w[i8] = 1.0
+                if do_dx and zlo <= k.z0 < zhi:
+                    t.vs[i] = 1
+            continue
+        wx[1] = <acc_t>k.wx1
+        wy[1] = <acc_t>k.wy1
+        wz[1] = <acc_t>k.wz1
+        wx[0] = <acc_t>(1.0 - k.wx1)
+        wy[0] = <acc_t>(1.0 - k.wy1)
+        wz[0] = <acc_t>(1.0 - k.wz1)
+        t.f[6 * i] = wx[0]
+        t.f[6 * i + 1] = wx[1]
+        t.f[6 * i + 2] = wy[0]
+        t.f[6 * i + 3] = wy[1]
+        t.f[6 * i + 4] = wz[0]
+        t.f[6 * i + 5] = wz[1]
+        # in-bounds corners as bit masks (bit j = corner 4 cz + 2 cy + cx), without branches
+        t.vd[i] = (((0x55 if k.vx0 else 0) | (0xAA if k.vx1 else 0))
+                   & ((0x33 if k.vy0 else 0) | (0xCC if k.vy1 else 0))
+                   & ((0x0F if k.vz0 else 0) | (0xF0 if k.vz1 else 0)))
+        if do_dx:
+            t.vs[i] = t.vd[i] & ((0x0F if zlo <= k.z0 < zhi else 0)
+                                 | (0xF0 if zlo <= k.z0 + 1 < zhi else 0))
+        for j in range(8):
+            # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
+            t.xo[i8 + j] = base + xd[j]
+            t.ao[i8 + j] = abase + ad[j]
+            t.w[i8 + j] = wx[j & 1] * (wy[(j >> 1) & 1] * wz[j >> 2])
+
+
+cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, store_t* dq,
+                              Py_ssize_t qc, int hk) noexcept nogil:
+    """Write point i's grid gradient from the channel dot products of its corners
+    (``dots[j * dstride]``, for the corners flagged in ``t.vd``)."""
+    cdef acc_t gx = 0, gy = 0, gz = 0, dot, fx, fy, fz
+    cdef acc_t wx0 = <acc_t>t.f[6 * i], wx1 = <acc_t>t.f[6 * i + 1]
+    cdef acc_t wy0 = <acc_t>t.f[6 * i + 2], wy1 = <acc_t>t.f[6 * i + 3]
+    cdef acc_t wz0 = <acc_t>t.f[6 * i + 4], wz1 = <acc_t>t.f[6 * i + 5]
+    cdef int j
+    cdef unsigned char vd = t.vd[i]
+    for j in range(8):
+        if (vd >> j) & 1:
+            dot = dots[j * dstride]
+            fx = (wy1 if (j >> 1) & 1 else wy0) * (wz1 if j >> 2 else wz0)
+            fy = (wx1 if j & 1 else wx0) * (wz1 if j >> 2 else wz0)
+            fz = (wx1 if j & 1 else wx0) * (wy1 if (j >> 1) & 1 else wy0)
+            gx = gx + dot * fx if j & 1 else gx - dot * fx
+            gy = gy + dot * fy if (j >> 1) & 1 else gy - dot * fy
+            gz = gz + dot * fz if j >> 2 else gz - dot * fz
+    st(dq, t.oq[i], <acc_t>t.mult[3 * i] * gx, hk)
+    st(dq, t.oq[i] + qc, <acc_t>t.mult[3 * i + 1] * gy, hk)
+    st(dq, t.oq[i] + 2 * qc, <acc_t>t.mult[3 * i + 2] * gz, hk)
+
+
+# ---------------------------------------------------------------------------------------------
 # forward
 # ---------------------------------------------------------------------------------------------
 
-cdef void forward_points(const store_t* x, const store_t* q, store_t* out, acc_t* scratch,
-                         Geo* g, Py_ssize_t start, Py_ssize_t stop) noexcept nogil:
-    """Forward for flat point indices [start, stop) over (N, Do, Ho, Wo)."""
-    cdef Corners k
-    cdef Py_ssize_t idx, n, od, oh, ow, rem, c, C = g.C, xc = g.xs[4], oc = g.gs[4]
-    cdef Py_ssize_t base, ob, P = g.Do * g.Ho * g.Wo, HW = g.Ho * g.Wo
-    cdef Py_ssize_t cz, cy, cx, off
-    cdef acc_t w, wx0, wx1, wy0, wy1, wz0, wz1
-    cdef bint vz, vy, vx
+cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* scratch, Geo* g,
+                       Tile* t, Py_ssize_t n, Py_ssize_t p0, int cnt) noexcept nogil:
+    """Forward for the points [p0, p0 + cnt) of batch item ``n``: for every channel,
+    out = sum over in-bounds corners, in corner order, of w_k * x_k."""
+    cdef Py_ssize_t As[4]
+    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], oc = g.gs[4], i8
+    cdef int i, j
+    cdef unsigned char v
+    cdef acc_t s, w
     cdef int hk = g.half_kind
-    for idx in range(start, stop):
-        n = idx // P
-        rem = idx - n * P
-        od = rem // HW
-        rem = rem - od * HW
-        oh = rem // g.Wo
-        ow = rem - oh * g.Wo
-        setup_point(q, n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3], g.qs[4], g, &k)
-        ob = n * g.gs[0] + od * g.gs[1] + oh * g.gs[2] + ow * g.gs[3]
+    As[0] = As[1] = As[2] = As[3] = 0
+    setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
+    if C == 1:
+        for i in range(cnt):
+            i8 = 8 * i
+            v = t.vs[i]
+            if i + AHEAD < cnt and t.vs[i + AHEAD]:
+                prefetch_corners(x, t, i + AHEAD)
+            s = 0
+            for j in range(8):
+                if (v >> j) & 1:
+                    s = s + <acc_t>t.w[i8 + j] * <acc_t>ld(x, t.xo[i8 + j], hk)
+            st(out, t.ob[i], s, hk)
+    elif xc == 1 and oc == 1:
+        for i in range(cnt):
+            i8 = 8 * i
+            v = t.vs[i]
+            if i + AHEAD < cnt and t.vs[i + AHEAD]:
+                prefetch_corners(x, t, i + AHEAD)
+            for c in range(C):
+                scratch[c] = 0
+            for j in range(8):
+                if (v >> j) & 1:
+                    w = <acc_t>t.w[i8 + j]
+                    for c in range(C):
+                        scratch[c] = scratch[c] + w * <acc_t>ld(x, t.xo[i8 + j] + c, hk)
+            for c in range(C):
+                st(out, t.ob[i] + c, scratch[c], hk)
+    else:
         for c in range(C):
-            scratch[c] = 0
-        if g.mode == MODE_NEAREST:
-            if k.vx0 and k.vy0 and k.vz0:
-                base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
-                for c in range(C):
-                    scratch[c] = <acc_t>ld(x, base + c * xc, hk)
-        elif k.valid:
-            wx1 = <acc_t>k.wx1
-            wy1 = <acc_t>k.wy1
-            wz1 = <acc_t>k.wz1
-            wx0 = <acc_t>(1.0 - k.wx1)
-            wy0 = <acc_t>(1.0 - k.wy1)
-            wz0 = <acc_t>(1.0 - k.wz1)
-            base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
-            # corners in the SPEC order tnw, tne, tsw, tse, bnw, bne, bsw, bse
-            for cz in range(2):
-                vz = k.vz1 if cz else k.vz0
-                if not vz:
-                    continue
-                for cy in range(2):
-                    vy = k.vy1 if cy else k.vy0
-                    if not vy:
-                        continue
-                    for cx in range(2):
-                        vx = k.vx1 if cx else k.vx0
-                        if not vx:
-                            continue
-                        w = (wx1 if cx else wx0) * (wy1 if cy else wy0) * (wz1 if cz else wz0)
-                        off = base + cz * g.xs[1] + cy * g.xs[2] + cx * g.xs[3]
-                        for c in range(C):
-                            scratch[c] = scratch[c] + w * <acc_t>ld(x, off + c * xc, hk)
-        for c in range(C):
-            st(out, ob + c * oc, scratch[c], hk)
+            for i in range(cnt):
+                i8 = 8 * i
+                v = t.vs[i]
+                s = 0
+                for j in range(8):
+                    if (v >> j) & 1:
+                        s = s + <acc_t>t.w[i8 + j] * <acc_t>ld(x, t.xo[i8 + j] + c * xc, hk)
+                st(out, t.ob[i] + c * oc, s, hk)
 
 
 def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
@@ -228,7 +380,8 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     ``scratch`` has shape (nthreads, C) of the compute type.
     """
     cdef Geo g
-    cdef Py_ssize_t total, chunk, nchunks, ci, isz = sizeof(store_t)
+    cdef Py_ssize_t P, per_n, nchunks, ci, n, p0, isz = sizeof(store_t)
+    cdef Tile* tiles
     if store_t is double:
         if acc_t is float:
             raise TypeError("compute type does not match the storage type")
@@ -239,18 +392,26 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     fill_strides(g.xs, inp.shape, inp.strides, isz, 5)
     fill_strides(g.qs, grid.shape, grid.strides, isz, 5)
     fill_strides(g.gs, out.shape, out.strides, isz, 5)
+    g.os[0] = g.os[1] = g.os[2] = g.os[3] = g.os[4] = 0
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
-    total = g.N * g.Do * g.Ho * g.Wo
-    if total == 0 or g.C == 0:
+    P = g.Do * g.Ho * g.Wo
+    if g.N * P == 0 or g.C == 0:
         return
     if scratch.shape[0] < nthreads or scratch.shape[1] < g.C:
         raise ValueError("scratch too small")
-    chunk = 256
-    nchunks = (total + chunk - 1) // chunk
+    tiles = <Tile*>malloc(nthreads * sizeof(Tile))
+    if tiles == NULL:
+        raise MemoryError()
+    per_n = (P + TILE - 1) // TILE
+    nchunks = g.N * per_n
     with nogil:
         for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-            forward_points(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                           &scratch[threadid(), 0], &g, ci * chunk, min(total, (ci + 1) * chunk))
+            n = ci // per_n
+            p0 = (ci - n * per_n) * TILE
+            forward_tile(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                         &scratch[threadid(), 0], &g, &tiles[threadid()], n, p0,
+                         <int>min(<Py_ssize_t>TILE, P - p0))
+    free(tiles)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,134 +457,109 @@ cdef inline void axpy_channels(acc_t* A, Py_ssize_t off, Py_ssize_t ac, acc_t w,
             A[off + c * ac] += w * go[c]
 
 
-cdef void backward_points(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
-                          acc_t* A, Py_ssize_t* As, acc_t* go, Geo* g, Py_ssize_t n,
-                          Py_ssize_t p0, Py_ssize_t p1, Py_ssize_t zlo, Py_ssize_t zhi,
-                          bint do_dx, bint do_dg, bint own_all) noexcept nogil:
-    """Backward for the output points [p0, p1) of batch item ``n``.
+cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                        acc_t* A, Py_ssize_t* As, acc_t* go, acc_t* dots, Geo* g, Tile* t,
+                        Py_ssize_t n, Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi,
+                        bint do_dx, bint do_dg, bint own_all) noexcept nogil:
+    """Backward for the points [p0, p0 + cnt) of batch item ``n``.
 
     Scatters into the accumulator ``A`` (axes D, H, W, C with strides ``As``, already offset to
     batch item n) the corners whose depth index is in [zlo, zhi), and writes the grid gradient of
     the points this call owns: all of them when ``own_all``, else those whose key plane is in
-    [zlo, zhi).
+    [zlo, zhi).  ``go`` holds C values, ``dots`` 32 * TILE, of the compute type.
+
+    Both channel loops below give bitwise the same results: the channel dot products use the
+    same four interleaved partial sums, and each input-gradient element receives the tile's
+    contributions in point order.
     """
-    cdef Corners k
-    cdef Py_ssize_t p, od, oh, ow, rem, c, C = g.C, xc = g.xs[4], gc = g.gs[4], ac = As[3]
-    cdef Py_ssize_t qo, ob, base, abase, off, kp, zi, j
-    cdef bint full_slab = zlo <= 0 and zhi >= g.D
-    cdef bint owner, need_dx, okz, slab0, slab1
-    cdef double uz, mz
-    cdef acc_t dot, gx, gy, gz
-    cdef acc_t wx[2]
-    cdef acc_t wy[2]
-    cdef acc_t wz[2]
-    cdef bint vx[2]
-    cdef bint vy[2]
-    cdef bint vz[2]
-    cdef Py_ssize_t xoff[8]
-    cdef Py_ssize_t aoff[8]
-    cdef acc_t wk[8]
-    cdef int nok
+    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], gc = g.gs[4], ac = As[3], C4 = C - C % 4, i8
+    cdef int i, j, slot
+    cdef unsigned char vs, vd
+    cdef bint bilinear = g.mode == MODE_BILINEAR
+    cdef acc_t goc, w
+    cdef acc_t d8[8]
     cdef int hk = g.half_kind
-    if p0 >= p1:
-        return
-    od = p0 // (g.Ho * g.Wo)
-    rem = p0 - od * g.Ho * g.Wo
-    oh = rem // g.Wo
-    ow = rem - oh * g.Wo - 1
-    for p in range(p0, p1):
-        # (od, oh, ow) of point p, without divisions
-        ow += 1
-        if ow == g.Wo:
-            ow = 0
-            oh += 1
-            if oh == g.Ho:
-                oh = 0
-                od += 1
-        qo = n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3]
-        if not full_slab:
-            # cheap depth-only test first: most points have no corner in this slab
-            okz = axis_index(ld(q, qo + 2 * g.qs[4], hk), g.D, g, &uz, &mz, &zi)
-            kp = key_of(okz, zi, g.D)
-            if not (zlo <= kp < zhi or (okz and zlo - 1 <= zi < zhi)):
-                continue
-        setup_point(q, qo, g.qs[4], g, &k)
-        owner = do_dg and (own_all or zlo <= k.key < zhi)
-        need_dx = do_dx and k.valid
-        ob = n * g.gs[0] + od * g.gs[1] + oh * g.gs[2] + ow * g.gs[3]
-        if need_dx or (owner and k.valid and g.mode == MODE_BILINEAR):
-            if gc == 1:
-                for c in range(C):
-                    go[c] = <acc_t>ld(grad, ob + c, hk)
-            else:
-                for c in range(C):
-                    go[c] = <acc_t>ld(grad, ob + c * gc, hk)
-        if g.mode == MODE_NEAREST:
-            if owner:
-                off = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
-                st(dq, off, <acc_t>0, hk)
-                st(dq, off + g.os[4], <acc_t>0, hk)
-                st(dq, off + 2 * g.os[4], <acc_t>0, hk)
-            if need_dx and k.vx0 and k.vy0 and k.vz0 and zlo <= k.z0 < zhi:
-                axpy_channels(A, k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2], ac, <acc_t>1, go, C)
-            continue
-        gx = 0
-        gy = 0
-        gz = 0
-        if k.valid:
-            wx[1] = <acc_t>k.wx1
-            wy[1] = <acc_t>k.wy1
-            wz[1] = <acc_t>k.wz1
-            wx[0] = <acc_t>(1.0 - k.wx1)
-            wy[0] = <acc_t>(1.0 - k.wy1)
-            wz[0] = <acc_t>(1.0 - k.wz1)
-            vx[0], vx[1], vy[0], vy[1], vz[0], vz[1] = k.vx0, k.vx1, k.vy0, k.vy1, k.vz0, k.vz1
-            base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
-            abase = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
+    setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
+    if C == 1:
+        # one channel: no channel loops at all (same arithmetic as the general paths)
+        for i in range(cnt):
+            i8 = 8 * i
+            vs = t.vs[i]
+            vd = t.vd[i] if (t.own[i] and bilinear) else 0
+            if i + AHEAD < cnt and (t.vs[i + AHEAD] or t.own[i + AHEAD]):
+                prefetch_corners(x, t, i + AHEAD)
+            if vs or vd:
+                goc = <acc_t>ld(grad, t.ob[i], hk)
+            if t.own[i]:
+                for j in range(8):
+                    if (vd >> j) & 1:
+                        d8[j] = 0
+                        d8[j] = d8[j] + goc * <acc_t>ld(x, t.xo[i8 + j], hk)
+                grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
             for j in range(8):
-                # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
-                xoff[j] = base + (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
-                aoff[j] = abase + (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
-            if owner:
+                if (vs >> j) & 1:
+                    A[t.ao[i8 + j]] += <acc_t>t.w[i8 + j] * goc
+        return
+    if xc == 1 and gc == 1 and ac == 1:
+        # channels contiguous: per point, short vector loops over the channels of each corner
+        for i in range(cnt):
+            i8 = 8 * i
+            vs = t.vs[i]
+            vd = t.vd[i] if (t.own[i] and bilinear) else 0
+            if i + AHEAD < cnt and (t.vs[i + AHEAD] or t.own[i + AHEAD]):
+                prefetch_corners(x, t, i + AHEAD)
+            if vs or vd:
+                for c in range(C):
+                    go[c] = <acc_t>ld(grad, t.ob[i] + c, hk)
+            if t.own[i]:
                 for j in range(8):
-                    if vz[j >> 2] and vy[(j >> 1) & 1] and vx[j & 1]:
-                        dot = dot_channels(go, x, xoff[j], xc, C, hk)
-                        if j & 1:
-                            gx = gx + dot * (wy[(j >> 1) & 1] * wz[j >> 2])
-                        else:
-                            gx = gx - dot * (wy[(j >> 1) & 1] * wz[j >> 2])
-                        if (j >> 1) & 1:
-                            gy = gy + dot * (wx[j & 1] * wz[j >> 2])
-                        else:
-                            gy = gy - dot * (wx[j & 1] * wz[j >> 2])
-                        if j >> 2:
-                            gz = gz + dot * (wx[j & 1] * wy[(j >> 1) & 1])
-                        else:
-                            gz = gz - dot * (wx[j & 1] * wy[(j >> 1) & 1])
-            if need_dx:
-                slab0 = vz[0] and zlo <= k.z0 < zhi
-                slab1 = vz[1] and zlo <= k.z0 + 1 < zhi
-                nok = 0
-                for j in range(8):
-                    if (slab1 if j >> 2 else slab0) and vy[(j >> 1) & 1] and vx[j & 1]:
-                        aoff[nok] = aoff[j]
-                        wk[nok] = wx[j & 1] * (wy[(j >> 1) & 1] * wz[j >> 2])
-                        nok += 1
-                if ac == 1:
-                    for j in range(nok):
-                        axpy_channels(A, aoff[j], 1, wk[j], go, C)
-                else:
-                    # channels outermost: consecutive read-modify-writes a whole channel plane
-                    # apart would alias in the low address bits (power-of-two volumes) and
-                    # stall on false store-to-load dependencies
-                    for c in range(C):
-                        for j in range(nok):
-                            A[aoff[j] + c * ac] += wk[j] * go[c]
-        if owner:
-            off = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
-            st(dq, off, <acc_t>k.mx * gx, hk)
-            st(dq, off + g.os[4], <acc_t>k.my * gy, hk)
-            st(dq, off + 2 * g.os[4], <acc_t>k.mz * gz, hk)
+                    if (vd >> j) & 1:
+                        d8[j] = dot_channels(go, x, t.xo[i8 + j], 1, C, hk)
+                grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
+            for j in range(8):
+                if (vs >> j) & 1:
+                    axpy_channels(A, t.ao[i8 + j], 1, <acc_t>t.w[i8 + j], go, C)
+        return
+    # channels strided (NCDHW): channels outermost, so every inner loop stays in one channel
+    # plane; points x corners x 4 partial sums of the dot products live in ``dots``
+    for i in range(32 * cnt):
+        dots[i] = 0
+    for c in range(C):
+        slot = <int>(c & 3) if c < C4 else 0
+        for i in range(cnt):
+            i8 = 8 * i
+            vs = t.vs[i]
+            vd = t.vd[i] if (t.own[i] and bilinear) else 0
+            if not (vs or vd):
+                continue
+            goc = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
+            for j in range(8):
+                if (vd >> j) & 1:
+                    dots[4 * (i8 + j) + slot] = dots[4 * (i8 + j) + slot] + goc * <acc_t>ld(
+                        x, t.xo[i8 + j] + c * xc, hk)
+            for j in range(8):
+                if (vs >> j) & 1:
+                    A[t.ao[i8 + j] + c * ac] += <acc_t>t.w[i8 + j] * goc
+    for i in range(cnt):
+        if t.own[i]:
+            for j in range(8):
+                d8[j] = ((dots[4 * (8 * i + j)] + dots[4 * (8 * i + j) + 1])
+                         + (dots[4 * (8 * i + j) + 2] + dots[4 * (8 * i + j) + 3]))
+            grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
+
+
+cdef void backward_slab(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                        acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
+                        Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg) noexcept nogil:
+    """All points of batch item n, in order, for the depth slab [zlo, zhi)."""
+    cdef Py_ssize_t p0, P = g.Do * g.Ho * g.Wo
+    if zlo >= zhi:
+        return
+    p0 = 0
+    while p0 < P:
+        backward_tile(grad, x, q, dq, A, As, work, work + g.C, g, t, n, p0,
+                      <int>min(<Py_ssize_t>TILE, P - p0), zlo, zhi, True, do_dg, False)
+        p0 += TILE
 
 
 cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
@@ -536,6 +672,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     cdef Py_ssize_t isz = sizeof(store_t), P, n, t, chunk, nchunks, ci
     cdef Py_ssize_t As[4]
     cdef Py_ssize_t* bounds
+    cdef Tile* tiles
     cdef acc_t* A
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
@@ -556,7 +693,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     P = g.Do * g.Ho * g.Wo
     if g.N == 0 or not (want_dx or want_dg):
         return
-    if scratch.shape[0] < nthreads or scratch.shape[1] < g.C:
+    if scratch.shape[0] < nthreads or scratch.shape[1] < g.C + SCRATCH_EXTRA:
         raise ValueError("scratch too small")
     if want_dx and half_acc and (dx_acc.shape[0] < g.D or dx_acc.shape[1] < g.H
                                  or dx_acc.shape[2] < g.W or dx_acc.shape[3] < g.C):
@@ -564,7 +701,10 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
     bounds = <Py_ssize_t*>malloc((nthreads + 1) * sizeof(Py_ssize_t))
-    if bounds == NULL:
+    tiles = <Tile*>malloc(nthreads * sizeof(Tile))
+    if bounds == NULL or tiles == NULL:
+        free(bounds)
+        free(tiles)
         raise MemoryError()
     with nogil:
         for n in range(g.N):
@@ -579,20 +719,21 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                 choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds)
                 for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
                     zero_planes(A, As, &g, bounds[t], bounds[t + 1])
-                    if P > 0:
-                        backward_points(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
-                                        &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
-                                        &scratch[threadid(), 0], &g, n, 0, P, bounds[t],
-                                        bounds[t + 1], True, want_dg, False)
+                    backward_slab(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                  &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
+                                  &scratch[threadid(), 0], &g, &tiles[threadid()], n,
+                                  bounds[t], bounds[t + 1], want_dg)
                     if half_acc:
                         round_planes(<float*>A, As, <unsigned short*>&dx[0, 0, 0, 0, 0], &g, n,
                                      bounds[t], bounds[t + 1])
-            elif P > 0:
-                chunk = 512
-                nchunks = (P + chunk - 1) // chunk
+            else:
+                nchunks = (P + TILE - 1) // TILE
                 for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                    backward_points(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
-                                    &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
-                                    &scratch[threadid(), 0], &g, n, ci * chunk,
-                                    min(P, (ci + 1) * chunk), 0, g.D, False, True, True)
+                    backward_tile(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                  &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
+                                  &scratch[threadid(), 0], &scratch[threadid(), g.C], &g,
+                                  &tiles[threadid()], n, ci * TILE,
+                                  <int>min(<Py_ssize_t>TILE, P - ci * TILE), 0, g.D, False, True,
+                                  True)
+    free(tiles)
     free(bounds)
