@@ -5,10 +5,14 @@ differentiates) with the semantics of ``torch.nn.functional.grid_sample`` on 5-D
 """
 from ._validation import GridSamplerError
 from ._api import (
+    BackwardPlan,
+    ForwardPlan,
     deterministic,
     get_deterministic,
     grid_sample_3d,
     grid_sample_3d_backward,
+    plan_backward,
+    plan_forward,
     set_deterministic,
     show_config,
 )
@@ -17,11 +21,15 @@ from . import reference
 __version__ = "0.1.0"
 
 __all__ = [
+    "BackwardPlan",
+    "ForwardPlan",
     "GridSamplerError",
     "deterministic",
     "get_deterministic",
     "grid_sample_3d",
     "grid_sample_3d_backward",
+    "plan_backward",
+    "plan_forward",
     "reference",
     "set_deterministic",
     "show_config",

@@ -3,19 +3,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
 from . import _kernels
 from ._validation import (
-    GridSamplerError, as_input_array, check_output, check_problem, kernel_ready,
+    GridSamplerError, Problem, as_input_array, check_output, check_problem, kernel_ready,
     parse_deterministic, parse_num_threads, parse_output_mask, parse_bool, volume_shape,
 )
 
 __all__ = [
-    "grid_sample_3d", "grid_sample_3d_backward", "set_deterministic", "get_deterministic",
-    "deterministic", "show_config", "GridSamplerError",
+    "grid_sample_3d", "grid_sample_3d_backward", "plan_forward", "plan_backward",
+    "ForwardPlan", "BackwardPlan", "set_deterministic", "get_deterministic", "deterministic",
+    "show_config", "GridSamplerError",
 ]
 
 # Below this many point-channels per thread, extra threads cost more than they bring.  Results
@@ -23,6 +25,12 @@ __all__ = [
 _WORK_PER_THREAD = 32768
 
 _HALF_KIND = {"f2": 0, "bf16": 1}
+# the kernel specialisation (storage type | compute type) of each dtype kind, looked up once
+# instead of by Cython's per-call fused-type dispatch
+_SIGNATURE = {"f8": "double|double", "f4": "float|float", "f2": "unsigned short|float",
+              "bf16": "unsigned short|float"}
+_FORWARD = {k: _kernels.forward.__signatures__[v] for k, v in _SIGNATURE.items()}
+_BACKWARD = {k: _kernels.backward.__signatures__[v] for k, v in _SIGNATURE.items()}
 
 # --------------------------------------------------------------------------------------------
 # deterministic mode (the CANN switch is global; gs3d adds a context manager and a per-call flag)
@@ -70,6 +78,54 @@ def _ndhwc(arr: np.ndarray, channels_last: bool) -> np.ndarray:
 
 def _compute_dtype(kind: str) -> np.dtype:
     return np.dtype(np.float64 if kind == "f8" else np.float32)
+
+
+class _Resources:
+    """Everything a kernel call needs besides its arrays (owned by a plan, or made per call)."""
+
+    __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
+                 "dummy_dg")
+
+    def __init__(self, pb: Problem, nt: int, want_dx: bool):
+        acc = _compute_dtype(pb.kind)
+        store = np.uint16 if pb.kind in _HALF_KIND else np.dtype("f8" if pb.kind == "f8" else "f4")
+        D, H, W = pb.in_spatial
+        self.pb = pb
+        self.nt = nt
+        self.half_kind = _HALF_KIND.get(pb.kind, 0)
+        self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
+        self.workspace = np.empty(_kernels.workspace_bytes(nt, D), dtype=np.uint8)
+        if want_dx and pb.kind in _HALF_KIND:
+            # float32 accumulator for one batch item, in the memory order of input_grad
+            self.dx_acc = _ndhwc(np.empty(volume_shape(1, pb.C, (D, H, W), pb.channels_last),
+                                          dtype=acc), pb.channels_last)[0]
+        else:
+            self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
+        self.dummy_dx = np.empty((1,) * 5, dtype=store)
+        self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc, self.dummy_dx,
+                                      self.dummy_dg))
+
+    def forward(self, x, q, out) -> None:
+        pb = self.pb
+        _FORWARD[pb.kind](
+            _ndhwc(_storage(x, pb.kind), pb.channels_last), _storage(q, pb.kind),
+            _ndhwc(_storage(out, pb.kind), pb.channels_last), self.scratch, self.workspace,
+            pb.mode, pb.padding, pb.align, self.half_kind, self.nt)
+
+    def backward(self, g, x, q, dx, dg) -> None:
+        pb, cl = self.pb, self.pb.channels_last
+        _BACKWARD[pb.kind](
+            _ndhwc(_storage(g, pb.kind), cl), _ndhwc(_storage(x, pb.kind), cl),
+            _storage(q, pb.kind),
+            self.dummy_dx if dx is None else _ndhwc(_storage(dx, pb.kind), cl),
+            self.dummy_dg if dg is None else _storage(dg, pb.kind),
+            self.dx_acc, self.scratch, self.workspace,
+            pb.mode, pb.padding, pb.align, self.half_kind, dx is not None, dg is not None,
+            self.nt)
 
 
 def _threads(num_threads: Any, work: int) -> int:
@@ -132,22 +188,18 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
     q = as_input_array(grid, "grid")
     pb = check_problem(x, q, None, mode, padding_mode, align_corners, layout)
     shape = volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last)
-    points = pb.N * int(np.prod(pb.out_spatial))
-    nt = _threads(num_threads, points * max(pb.C, 1))
+    nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
     if out is not None:
         check_output(out, "out", shape, x.dtype, (("input", x), ("grid", q)))
+    return _forward(_Resources(pb, nt, False), x, q, out, shape)
+
+
+def _forward(res: _Resources, x, q, out, shape):
     result, target = _output(out, shape, x.dtype)
-    if target.size == 0:
-        return result
-    acc = _compute_dtype(pb.kind)
-    _kernels.forward(
-        _ndhwc(_storage(kernel_ready(x), pb.kind), pb.channels_last),
-        _storage(kernel_ready(q), pb.kind),
-        _ndhwc(_storage(target, pb.kind), pb.channels_last),
-        np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc),
-        pb.mode, pb.padding, pb.align, _HALF_KIND.get(pb.kind, 0), nt)
-    if target is not result:
-        result[...] = target
+    if target.size:
+        res.forward(kernel_ready(x), kernel_ready(q), target)
+        if target is not result:
+            result[...] = target
     return result
 
 
@@ -193,44 +245,31 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
     pb = check_problem(x, q, g, mode, padding_mode, align_corners, layout)
     want_dx, want_dg = parse_output_mask(output_mask)
     parse_deterministic(deterministic)
-    points = pb.N * int(np.prod(pb.out_spatial))
-    nt = _threads(num_threads, points * max(pb.C, 1))
+    nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
     inputs = (("grad_output", g), ("input", x), ("grid", q))
     if want_dx and input_grad is not None:
         check_output(input_grad, "input_grad", x.shape, x.dtype, inputs)
     if want_dg and grid_grad is not None:
         check_output(grid_grad, "grid_grad", q.shape, q.dtype, inputs,
                      (("input_grad", input_grad if want_dx else None),))
+    return _backward(_Resources(pb, nt, want_dx), g, x, q, want_dx, want_dg,
+                     input_grad, grid_grad)
+
+
+def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad):
     dx = dx_k = dg = dg_k = None
     if want_dx:
         dx, dx_k = _output(input_grad, x.shape, x.dtype)
     if want_dg:
         dg, dg_k = _output(grid_grad, q.shape, q.dtype)
-    if points == 0 or pb.C == 0:
-        # nothing samples the input: zero gradients (SPEC, "Empty tensors")
+    if g.size == 0 or x.size == 0:
+        # nothing samples the input (N, C or the output size is 0): zero gradients
         for arr in (dx, dg):
             if arr is not None:
                 arr[...] = 0
         return dx, dg
     if want_dx or want_dg:
-        kind, cl = pb.kind, pb.channels_last
-        acc = _compute_dtype(kind)
-        half = kind in _HALF_KIND
-        store = np.uint16 if half else x.dtype
-        D, H, W = pb.in_spatial
-        if half and want_dx:
-            # float32 accumulator for one batch item, in the memory order of input_grad
-            dx_acc = _ndhwc(np.empty(volume_shape(1, pb.C, (D, H, W), cl), dtype=acc), cl)[0]
-        else:
-            dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
-        _kernels.backward(
-            _ndhwc(_storage(kernel_ready(g), kind), cl),
-            _ndhwc(_storage(kernel_ready(x), kind), cl),
-            _storage(kernel_ready(q), kind),
-            _ndhwc(_storage(dx_k, kind), cl) if want_dx else np.empty((1,) * 5, dtype=store),
-            _storage(dg_k, kind) if want_dg else np.empty((1, 1, 1, 1, 3), dtype=store),
-            dx_acc, np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc),
-            pb.mode, pb.padding, pb.align, _HALF_KIND.get(kind, 0), want_dx, want_dg, nt)
+        res.backward(kernel_ready(g), kernel_ready(x), kernel_ready(q), dx_k, dg_k)
         if want_dx and dx_k is not dx:
             dx[...] = dx_k
         if want_dg and dg_k is not dg:
@@ -245,3 +284,125 @@ def show_config() -> None:
     print(f"  numpy:            {np.__version__}")
     print(f"  OpenMP:           {'yes' if _kernels.openmp_enabled() else 'no (serial kernels)'}")
     print(f"  default threads:  {_kernels.max_threads()}")
+
+
+# --------------------------------------------------------------------------------------------
+# plans: the two-phase API (validate and size once, then run with cheap checks)
+# --------------------------------------------------------------------------------------------
+
+def _shape_only(shape: Any, dtype: np.dtype, name: str) -> np.ndarray:
+    """A zero-stride array of ``shape`` (no memory), so plans reuse the full validation."""
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_)) and n >= 0
+            for n in shape):
+        raise GridSamplerError(f"{name} must be a tuple of non-negative integers; got {shape!r}")
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype=dtype), shape=tuple(int(n) for n in shape),
+                                           strides=(0,) * len(shape), writeable=False)
+
+
+def _plan_dtype(dtype: Any) -> np.dtype:
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        raise GridSamplerError(f"dtype must be a numpy dtype; got {dtype!r}") from None
+
+
+def _run_input(arr: Any, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray:
+    """The per-call check of a plan: the array matches the planned shape and dtype."""
+    arr = as_input_array(arr, name)
+    if arr.shape != shape or arr.dtype != dtype:
+        raise GridSamplerError(f"{name} must have the planned shape {shape} and dtype {dtype}; "
+                               f"got {arr.shape} {arr.dtype}")
+    return arr
+
+
+def _run_output(out: Any, name: str, shape: tuple, dtype: np.dtype, inputs: tuple,
+                others: tuple = ()) -> np.ndarray:
+    """Cheap checks of a given output; the exact (slower) overlap checks run only when the
+    quick tests cannot clear the buffer."""
+    if (isinstance(out, np.ndarray) and out.shape == shape and out.dtype == dtype
+            and out.flags.writeable and (out.flags.c_contiguous or out.flags.f_contiguous)
+            and not any(np.may_share_memory(out, a) for _, a in inputs + others
+                        if a is not None)):
+        return out
+    return check_output(out, name, shape, dtype, inputs, others)
+
+
+class ForwardPlan:
+    """A validated forward for fixed shapes, dtype and options, owning its scratch memory.
+
+    Made by :func:`plan_forward`; call it as ``plan(input, grid, out=None)``.
+    """
+
+    def __init__(self, input_shape, grid_shape, dtype, *, mode="bilinear",
+                 padding_mode="zeros", align_corners=False, layout="NCDHW", num_threads=None):
+        dt = _plan_dtype(dtype)
+        x = _shape_only(input_shape, dt, "input_shape")
+        q = _shape_only(grid_shape, dt, "grid_shape")
+        pb = check_problem(x, q, None, mode, padding_mode, align_corners, layout)
+        self.dtype = x.dtype
+        self.input_shape, self.grid_shape = x.shape, q.shape
+        self.output_shape = volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last)
+        nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
+        self._res = _Resources(pb, nt, False)
+        #: bytes of scratch memory the plan owns and reuses on every call
+        self.workspace_size = self._res.nbytes
+
+    def __call__(self, input, grid, *, out=None) -> np.ndarray:
+        x = _run_input(input, "input", self.input_shape, self.dtype)
+        q = _run_input(grid, "grid", self.grid_shape, self.dtype)
+        if out is not None:
+            out = _run_output(out, "out", self.output_shape, self.dtype,
+                              (("input", x), ("grid", q)))
+        return _forward(self._res, x, q, out, self.output_shape)
+
+
+class BackwardPlan:
+    """A validated backward for fixed shapes, dtype and options, owning its scratch memory.
+
+    Made by :func:`plan_backward`; call it as
+    ``plan(grad_output, input, grid, input_grad=None, grid_grad=None)``.
+    """
+
+    def __init__(self, grad_output_shape, input_shape, grid_shape, dtype, *, mode="bilinear",
+                 padding_mode="zeros", align_corners=False, output_mask=(True, True),
+                 layout="NCDHW", deterministic=None, num_threads=None):
+        dt = _plan_dtype(dtype)
+        g = _shape_only(grad_output_shape, dt, "grad_output_shape")
+        x = _shape_only(input_shape, dt, "input_shape")
+        q = _shape_only(grid_shape, dt, "grid_shape")
+        pb = check_problem(x, q, g, mode, padding_mode, align_corners, layout)
+        self.want_dx, self.want_dg = parse_output_mask(output_mask)
+        parse_deterministic(deterministic)
+        self.dtype = x.dtype
+        self.grad_output_shape, self.input_shape, self.grid_shape = g.shape, x.shape, q.shape
+        nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
+        self._res = _Resources(pb, nt, self.want_dx)
+        #: bytes of scratch memory the plan owns and reuses on every call
+        self.workspace_size = self._res.nbytes
+
+    def __call__(self, grad_output, input, grid, *, input_grad=None, grid_grad=None):
+        g = _run_input(grad_output, "grad_output", self.grad_output_shape, self.dtype)
+        x = _run_input(input, "input", self.input_shape, self.dtype)
+        q = _run_input(grid, "grid", self.grid_shape, self.dtype)
+        inputs = (("grad_output", g), ("input", x), ("grid", q))
+        if self.want_dx and input_grad is not None:
+            input_grad = _run_output(input_grad, "input_grad", self.input_shape, self.dtype, inputs)
+        if self.want_dg and grid_grad is not None:
+            grid_grad = _run_output(grid_grad, "grid_grad", self.grid_shape, self.dtype, inputs,
+                                    (("input_grad", input_grad if self.want_dx else None),))
+        return _backward(self._res, g, x, q, self.want_dx, self.want_dg, input_grad, grid_grad)
+
+
+def plan_forward(input_shape, grid_shape, dtype, **options) -> ForwardPlan:
+    """Validate a forward once for fixed shapes, dtype and options (the first phase of the
+    CANN two-phase API); the returned plan runs it with only cheap per-call checks and, when
+    ``out`` is given, without allocating.  Options as in :func:`grid_sample_3d`."""
+    return ForwardPlan(input_shape, grid_shape, dtype, **options)
+
+
+def plan_backward(grad_output_shape, input_shape, grid_shape, dtype, **options) -> BackwardPlan:
+    """Validate a backward once (the ``aclnnGridSampler3DBackwardGetWorkspaceSize`` phase);
+    ``.workspace_size`` is the scratch it owns. Options as in
+    :func:`grid_sample_3d_backward`."""
+    return BackwardPlan(grad_output_shape, input_shape, grid_shape, dtype, **options)

@@ -22,7 +22,6 @@ sample of the grid so that threads get similar amounts of work.
 cimport cython
 from cython.parallel cimport prange, threadid
 from libc.math cimport rint
-from libc.stdlib cimport malloc, free
 from libc.stdint cimport uint16_t
 
 from gs3d._helpers cimport (
@@ -58,6 +57,12 @@ cdef enum:
 
 # columns of scratch a kernel needs beyond the C of the channel buffer
 SCRATCH_EXTRA = 32 * TILE
+
+
+def workspace_bytes(int nthreads, Py_ssize_t D):
+    """Bytes of the ``workspace`` buffer the kernels need: one tile per thread, the slab bounds
+    and the per-plane cost estimate of the backward."""
+    return nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
 
 
 def openmp_enabled():
@@ -373,8 +378,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
 
 
 def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
-            store_t[:, :, :, :, :] out, acc_t[:, ::1] scratch, int mode, int padding, bint align,
-            int half_kind, int nthreads):
+            store_t[:, :, :, :, :] out, acc_t[:, ::1] scratch, unsigned char[::1] workspace,
+            int mode, int padding, bint align, int half_kind, int nthreads):
     """out[n, do, ho, wo, c] = sample of inp at grid[n, do, ho, wo] (axes already NDHWC-ordered).
 
     ``scratch`` has shape (nthreads, C) of the compute type.
@@ -399,9 +404,9 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
         return
     if scratch.shape[0] < nthreads or scratch.shape[1] < g.C:
         raise ValueError("scratch too small")
-    tiles = <Tile*>malloc(nthreads * sizeof(Tile))
-    if tiles == NULL:
-        raise MemoryError()
+    if workspace.shape[0] < nthreads * sizeof(Tile):
+        raise ValueError("workspace too small")
+    tiles = <Tile*>&workspace[0]
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
     with nogil:
@@ -411,7 +416,6 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
             forward_tile(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
                          &scratch[threadid(), 0], &g, &tiles[threadid()], n, p0,
                          <int>min(<Py_ssize_t>TILE, P - p0))
-    free(tiles)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -612,18 +616,17 @@ cdef void round_planes(const float* A, Py_ssize_t* As, unsigned short* dx, Geo* 
                         round_one(A, o + c * As[3], dx, d + c * ds[4], g.half_kind)
 
 
-cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_t* bounds) noexcept nogil:
+cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_t* bounds,
+                       double* cost) noexcept nogil:
     """Cut [0, D) into ``nt`` slabs of similar work, estimated from a sample of grid points.
 
     Any cut gives the same (bitwise) result; this only balances the threads.
     """
     cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, HW = g.Ho * g.Wo, S, i, p, od, oh, ow, rem, z, t
     cdef double u, m, total, acc, plane_cost
-    cdef double* cost = <double*>malloc(g.D * sizeof(double))
-    if cost == NULL or nt <= 1:
+    if nt <= 1:
         for t in range(nt + 1):
             bounds[t] = (g.D * t) // nt
-        free(cost)
         return
     S = P if P < 4096 else 4096
     plane_cost = <double>(g.H * g.W) / 8.0 * <double>S / <double>P   # zeroing, in corner units
@@ -655,23 +658,25 @@ cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_
     while t <= nt:
         bounds[t] = g.D
         t += 1
-    free(cost)
 
 
 def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp,
              const store_t[:, :, :, :, :] grid, store_t[:, :, :, :, :] dx,
              store_t[:, :, :, :, :] dgrid, acc_t[:, :, :, :] dx_acc, acc_t[:, ::1] scratch,
-             int mode, int padding, bint align, int half_kind, bint want_dx, bint want_dg,
-             int nthreads):
+             unsigned char[::1] workspace, int mode, int padding, bint align, int half_kind,
+             bint want_dx, bint want_dg, int nthreads):
     """Gradients of the sampling with respect to ``inp`` (into ``dx``) and ``grid`` (``dgrid``).
 
     Axes are NDHWC-ordered views whatever the caller's layout.  ``dx_acc`` (D, H, W, C) is the
-    float32 accumulator used for 16-bit dx (unused otherwise); ``scratch`` is (nthreads, C).
+    float32 accumulator used for 16-bit dx (unused otherwise); ``scratch`` is
+    (nthreads, C + SCRATCH_EXTRA); ``workspace`` has ``workspace_bytes(nthreads, D)`` bytes.
+    The kernels allocate nothing.
     """
     cdef Geo g
     cdef Py_ssize_t isz = sizeof(store_t), P, n, t, chunk, nchunks, ci
     cdef Py_ssize_t As[4]
     cdef Py_ssize_t* bounds
+    cdef double* cost
     cdef Tile* tiles
     cdef acc_t* A
     cdef int nt
@@ -698,14 +703,13 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     if want_dx and half_acc and (dx_acc.shape[0] < g.D or dx_acc.shape[1] < g.H
                                  or dx_acc.shape[2] < g.W or dx_acc.shape[3] < g.C):
         raise ValueError("dx accumulator too small")
+    if workspace.shape[0] < workspace_bytes(nthreads, g.D):
+        raise ValueError("workspace too small")
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
-    bounds = <Py_ssize_t*>malloc((nthreads + 1) * sizeof(Py_ssize_t))
-    tiles = <Tile*>malloc(nthreads * sizeof(Tile))
-    if bounds == NULL or tiles == NULL:
-        free(bounds)
-        free(tiles)
-        raise MemoryError()
+    tiles = <Tile*>&workspace[0]
+    bounds = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile)]
+    cost = <double*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)]
     with nogil:
         for n in range(g.N):
             if want_dx:
@@ -716,7 +720,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                     A = <acc_t*>&dx[n, 0, 0, 0, 0]
                     As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
                 nt = nthreads if nthreads < g.D else <int>g.D
-                choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds)
+                choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds, cost)
                 for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
                     zero_planes(A, As, &g, bounds[t], bounds[t + 1])
                     backward_slab(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
@@ -735,5 +739,3 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                                   &tiles[threadid()], n, ci * TILE,
                                   <int>min(<Py_ssize_t>TILE, P - ci * TILE), 0, g.D, False, True,
                                   True)
-    free(tiles)
-    free(bounds)

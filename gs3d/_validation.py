@@ -19,7 +19,8 @@ MODES = {"bilinear": 0, "nearest": 1}
 PADDINGS = {"zeros": 0, "border": 1, "reflection": 2}
 LAYOUTS = ("NCDHW", "NDHWC")
 _TooHardError = getattr(np, "exceptions", np).TooHardError
-_FLOAT_DTYPES = (np.dtype(np.float64), np.dtype(np.float32), np.dtype(np.float16))
+# native-byte-order float dtypes (a big-endian dtype is a different key)
+_KINDS = {np.dtype(np.float64): "f8", np.dtype(np.float32): "f4", np.dtype(np.float16): "f2"}
 
 
 class GridSamplerError(ValueError):
@@ -118,11 +119,10 @@ def parse_deterministic(deterministic: Any) -> Optional[bool]:
 
 def dtype_kind(dtype: np.dtype) -> Optional[str]:
     """'f8', 'f4', 'f2', 'bf16' for a supported dtype, else None (never imports ml_dtypes)."""
-    if dtype in _FLOAT_DTYPES and dtype.isnative:
-        return {8: "f8", 4: "f4", 2: "f2"}[dtype.itemsize]
-    if dtype.name == "bfloat16" and dtype.itemsize == 2:
+    kind = _KINDS.get(dtype)
+    if kind is None and dtype.name == "bfloat16" and dtype.itemsize == 2:
         return "bf16"
-    return None
+    return kind
 
 
 def as_input_array(obj: Any, name: str) -> np.ndarray:
@@ -157,10 +157,11 @@ def check_ndim(arr: np.ndarray, name: str, axes: str):
 
 def kernel_ready(arr: np.ndarray) -> np.ndarray:
     """The array itself when the kernels can read it through its strides, else a packed copy."""
-    isz = arr.dtype.itemsize
-    if arr.ctypes.data % isz or any(s % isz for s in arr.strides):
-        return np.ascontiguousarray(arr)
-    return arr
+    if arr.flags.aligned:     # data pointer and strides are multiples of the alignment
+        isz = arr.dtype.itemsize
+        if arr.dtype.alignment == isz or not any(s % isz for s in arr.strides):
+            return arr
+    return np.ascontiguousarray(arr)
 
 
 def _self_overlaps(arr: np.ndarray) -> bool:

@@ -1,0 +1,110 @@
+"""Plans (the two-phase API), deterministic mode and thread counts."""
+import numpy as np
+import pytest
+
+import gs3d
+from conftest import np_dtype
+
+
+def _case(rng, dtype="float32", layout="NCDHW"):
+    dt = np_dtype(dtype)
+    x = rng.standard_normal((2, 3, 5, 6, 7)).astype(dt)
+    g = rng.standard_normal((2, 3, 4, 5, 3)).astype(dt)
+    q = rng.uniform(-1.2, 1.2, (2, 4, 5, 3, 3)).astype(dt)
+    if layout == "NDHWC":
+        x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
+    return g, x, q
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("mask", [(True, True), (True, False), (False, True)])
+def test_plan_backward_matches_function(dtype, layout, mask):
+    g, x, q = _case(np.random.default_rng(1), dtype, layout)
+    opts = dict(mode="bilinear", padding_mode="reflection", align_corners=True, layout=layout,
+                output_mask=mask)
+    plan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype, **opts)
+    assert plan.workspace_size > 0
+    want = gs3d.grid_sample_3d_backward(g, x, q, **opts)
+    dx = np.full(x.shape, 7, dtype=x.dtype)
+    dg = np.full(q.shape, 7, dtype=q.dtype)
+    for _ in range(2):                       # the plan is reusable
+        got = plan(g, x, q, input_grad=dx, grid_grad=dg)
+        for a, b, buf in zip(got, want, (dx, dg)):
+            if b is None:
+                assert a is None and np.all(buf.astype(np.float64) == 7)
+            else:
+                assert a is buf and np.array_equal(a, b)
+    got = plan(g, x, q)                      # and allocates outputs when none are given
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or np.array_equal(a, b)
+
+
+def test_plan_forward_matches_function():
+    g, x, q = _case(np.random.default_rng(2))
+    plan = gs3d.plan_forward(x.shape, q.shape, x.dtype, padding_mode="border")
+    out = np.empty(plan.output_shape, dtype=x.dtype)
+    assert plan(x, q, out=out) is out
+    assert np.array_equal(out, gs3d.grid_sample_3d(x, q, padding_mode="border"))
+
+
+def test_plan_validates_once_and_checks_each_call():
+    g, x, q = _case(np.random.default_rng(3))
+    with pytest.raises(gs3d.GridSamplerError) as e:
+        gs3d.plan_backward(g.shape, x.shape, q.shape[:4] + (2,), x.dtype)
+    assert e.value.code == 161002 and "grid" in str(e.value)
+    with pytest.raises(gs3d.GridSamplerError):
+        gs3d.plan_backward(g.shape, x.shape, q.shape, np.int32)
+    with pytest.raises(gs3d.GridSamplerError):
+        gs3d.plan_backward(g.shape, (2, 3, 5, 6), q.shape, x.dtype)
+    plan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype)
+    dx = np.full(x.shape, 7, dtype=x.dtype)
+    for bad in (x[:1], x.astype(np.float64)):
+        with pytest.raises(gs3d.GridSamplerError) as e:
+            plan(g, bad, q, input_grad=dx)
+        assert "input" in str(e.value)
+    with pytest.raises(gs3d.GridSamplerError):
+        plan(g, x, q, input_grad=x)          # overlaps an input
+    readonly = np.full(x.shape, 7, dtype=x.dtype)
+    readonly.flags.writeable = False
+    with pytest.raises(gs3d.GridSamplerError):
+        plan(g, x, q, input_grad=readonly)
+    assert np.all(dx == 7)
+    # a reversed (non-contiguous) buffer is valid and gets the same values
+    rev = np.full(x.shape, 7, dtype=x.dtype)[::-1]
+    assert np.array_equal(plan(g, x, q, input_grad=rev)[0], plan(g, x, q)[0])
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_deterministic_bitwise_across_threads(mode, dtype):
+    """Many points hit the same voxels: the scatter order must not depend on the threads."""
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, 5, 3, 3, 3)).astype(dt)
+    q = rng.uniform(-1.1, 1.1, (1, 16, 16, 16, 3)).astype(dt)
+    g = rng.standard_normal((1, 5, 16, 16, 16)).astype(dt)
+    results = []
+    for threads in (1, 2, 3, 4):
+        with gs3d.deterministic():
+            assert gs3d.get_deterministic()
+            results.append(gs3d.grid_sample_3d_backward(g, x, q, mode=mode, num_threads=threads))
+        results.append(gs3d.grid_sample_3d_backward(g, x, q, mode=mode, num_threads=threads,
+                                                    deterministic=False))
+    for dx, dg in results[1:]:
+        assert np.array_equal(dx.view(np.uint8), results[0][0].view(np.uint8))
+        assert np.array_equal(dg.view(np.uint8), results[0][1].view(np.uint8))
+
+
+def test_deterministic_switches():
+    assert gs3d.get_deterministic() is False
+    gs3d.set_deterministic(True)
+    try:
+        assert gs3d.get_deterministic() is True
+        with gs3d.deterministic(False):
+            assert gs3d.get_deterministic() is False
+        assert gs3d.get_deterministic() is True
+    finally:
+        gs3d.set_deterministic(False)
+    with pytest.raises(gs3d.GridSamplerError):
+        gs3d.set_deterministic(1)
