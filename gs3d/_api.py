@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import os
 from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
@@ -128,10 +129,29 @@ class _Resources:
             self.nt)
 
 
+# GNU OpenMP cannot start a parallel region in a child forked after the parent used threads
+# (the child waits forever for workers that were not copied). In a forked child gs3d therefore
+# runs its kernels on the calling thread, without entering OpenMP; use the "spawn" or
+# "forkserver" start method for children that should use several threads.
+_forked_child = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _threads(num_threads: Any, work: int) -> int:
     """Threads for a call: an explicit ``num_threads`` is used as given; the default (OpenMP's
-    count) is reduced for small calls, where threads cost more than they bring."""
-    threads = parse_num_threads(num_threads, _kernels.max_threads())
+    count) is reduced for small calls, where threads cost more than they bring; a forked child
+    always runs on one thread (see above)."""
+    threads = parse_num_threads(num_threads, 1 if _forked_child else _kernels.max_threads())
+    if _forked_child:
+        return 1
     if num_threads is None:
         threads = max(1, min(threads, work // _WORK_PER_THREAD))
     return threads
@@ -284,6 +304,8 @@ def show_config() -> None:
     print(f"  numpy:            {np.__version__}")
     print(f"  OpenMP:           {'yes' if _kernels.openmp_enabled() else 'no (serial kernels)'}")
     print(f"  default threads:  {_kernels.max_threads()}")
+    print("  SIMD:             compiler baseline of the build (x86-64: SSE2); no runtime "
+          "dispatch yet")
 
 
 # --------------------------------------------------------------------------------------------

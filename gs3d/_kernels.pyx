@@ -377,6 +377,15 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                 st(out, t.ob[i] + c * oc, s, hk)
 
 
+cdef void forward_chunk(const store_t* x, const store_t* q, store_t* out, acc_t* scratch, Geo* g,
+                        Tile* t, Py_ssize_t ci, Py_ssize_t per_n) noexcept nogil:
+    """Tile ``ci`` of the flattened (batch, tile) range."""
+    cdef Py_ssize_t n = ci // per_n
+    cdef Py_ssize_t p0 = (ci - n * per_n) * TILE
+    forward_tile(x, q, out, scratch, g, t, n, p0,
+                 <int>min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0))
+
+
 def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
             store_t[:, :, :, :, :] out, acc_t[:, ::1] scratch, unsigned char[::1] workspace,
             int mode, int padding, bint align, int half_kind, int nthreads):
@@ -410,12 +419,15 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
     with nogil:
-        for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-            n = ci // per_n
-            p0 = (ci - n * per_n) * TILE
-            forward_tile(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                         &scratch[threadid(), 0], &g, &tiles[threadid()], n, p0,
-                         <int>min(<Py_ssize_t>TILE, P - p0))
+        if nthreads == 1:
+            # no OpenMP region at all: cheaper for small calls, and safe in a forked child
+            for ci in range(nchunks):
+                forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                              &scratch[0, 0], &g, tiles, ci, per_n)
+        else:
+            for ci in prange(nchunks, schedule='static', num_threads=nthreads):
+                forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                              &scratch[threadid(), 0], &g, &tiles[threadid()], ci, per_n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -564,6 +576,27 @@ cdef void backward_slab(const store_t* grad, const store_t* x, const store_t* q,
         backward_tile(grad, x, q, dq, A, As, work, work + g.C, g, t, n, p0,
                       <int>min(<Py_ssize_t>TILE, P - p0), zlo, zhi, True, do_dg, False)
         p0 += TILE
+
+
+cdef void slab_task(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                    acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
+                    Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg, unsigned short* dx16) noexcept nogil:
+    """One thread's share of batch item n: zero its dx planes, scatter into them (and write the
+    grid gradient of the points it owns), then round them for 16-bit storage."""
+    zero_planes(A, As, g, zlo, zhi)
+    backward_slab(grad, x, q, dq, A, As, work, g, t, n, zlo, zhi, do_dg)
+    if not (store_t is double or store_t is float):
+        round_planes(<float*>A, As, dx16, g, n, zlo, zhi)
+
+
+cdef void grid_grad_chunk(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                          acc_t* work, Geo* g, Tile* t, Py_ssize_t n, Py_ssize_t ci) noexcept nogil:
+    """Grid gradient only (no scatter): tile ``ci`` of batch item n."""
+    cdef Py_ssize_t As[4]
+    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo
+    As[0] = As[1] = As[2] = As[3] = 0
+    backward_tile(grad, x, q, dq, <acc_t*>NULL, As, work, work + g.C, g, t, n, ci * TILE,
+                  <int>min(<Py_ssize_t>TILE, P - ci * TILE), 0, g.D, False, True, True)
 
 
 cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
@@ -721,21 +754,27 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                     As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
                 nt = nthreads if nthreads < g.D else <int>g.D
                 choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds, cost)
-                for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
-                    zero_planes(A, As, &g, bounds[t], bounds[t + 1])
-                    backward_slab(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                if nt == 1:
+                    # no OpenMP region at all: cheaper for small calls, safe in a forked child
+                    slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
+                              &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], &g, tiles, n,
+                              bounds[0], bounds[1], want_dg, <unsigned short*>&dx[0, 0, 0, 0, 0])
+                else:
+                    for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
+                        slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
                                   &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
                                   &scratch[threadid(), 0], &g, &tiles[threadid()], n,
-                                  bounds[t], bounds[t + 1], want_dg)
-                    if half_acc:
-                        round_planes(<float*>A, As, <unsigned short*>&dx[0, 0, 0, 0, 0], &g, n,
-                                     bounds[t], bounds[t + 1])
+                                  bounds[t], bounds[t + 1], want_dg,
+                                  <unsigned short*>&dx[0, 0, 0, 0, 0])
             else:
                 nchunks = (P + TILE - 1) // TILE
-                for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                    backward_tile(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
-                                  &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
-                                  &scratch[threadid(), 0], &scratch[threadid(), g.C], &g,
-                                  &tiles[threadid()], n, ci * TILE,
-                                  <int>min(<Py_ssize_t>TILE, P - ci * TILE), 0, g.D, False, True,
-                                  True)
+                if nthreads == 1:
+                    for ci in range(nchunks):
+                        grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                        &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
+                                        &scratch[0, 0], &g, tiles, n, ci)
+                else:
+                    for ci in prange(nchunks, schedule='static', num_threads=nthreads):
+                        grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                        &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
+                                        &scratch[threadid(), 0], &g, &tiles[threadid()], n, ci)
