@@ -159,6 +159,8 @@ cdef inline void setup_point(const store_t* q, Py_ssize_t qo, Py_ssize_t qc, Geo
     k.key = key_of(okz, k.z0, g.D)
     k.valid = okx and oky and okz
     if not k.valid:
+        # samples nothing: grid gradient exactly +0 on every axis
+        k.mx = k.my = k.mz = 0.0
         k.vx0 = k.vx1 = k.vy0 = k.vy1 = k.vz0 = k.vz1 = False
         return
     k.vx0 = 0 <= k.x0 < g.W

@@ -161,7 +161,7 @@ def kernel_ready(arr: np.ndarray) -> np.ndarray:
         isz = arr.dtype.itemsize
         if arr.dtype.alignment == isz or not any(s % isz for s in arr.strides):
             return arr
-    return np.ascontiguousarray(arr)
+    return np.array(arr, order="C", copy=True)     # fresh memory is aligned
 
 
 def _self_overlaps(arr: np.ndarray) -> bool:
