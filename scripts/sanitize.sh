@@ -9,7 +9,9 @@
 # first library loaded into the (uninstrumented) python, hence LD_PRELOAD; leak detection is
 # off because CPython itself does not free everything at exit.  Reports of every process
 # (pytest, and the subprocesses some tests start, which inherit the environment) go to
-# $DIR/reports; the script fails if that directory is not empty afterwards, or if pytest fails.
+# $DIR/reports; UBSan reports go to stderr, which pytest runs with --capture=sys so that they
+# are not swallowed (a UBSan report ends the process with status 1).  The whole output is kept
+# in $DIR/pytest.log.  The script fails if any report was written, or if pytest fails.
 set -euo pipefail
 
 SRC="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,7 +38,7 @@ ldd "$SO" | grep -q libubsan || { echo "extension is not linked against libubsan
 LIBASAN="$(gcc -print-file-name=libasan.so)"
 export LD_PRELOAD="$LIBASAN"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:log_path=$DIR/reports/asan"
-export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:log_path=$DIR/reports/ubsan"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$DIR"
 export PYTHONDONTWRITEBYTECODE=1
 
@@ -57,9 +59,12 @@ grep -q "heap-buffer-overflow" "$CANARY"/report* && echo "== canary: AddressSani
 
 echo "== pytest (whole suite incl. fuzzer, GS3D_FUZZ_EXAMPLES=$GS3D_FUZZ_EXAMPLES)"
 status=0
-"$PY" -m pytest -q -p no:cacheprovider tests "$@" || status=$?
+"$PY" -m pytest -q -p no:cacheprovider --capture=sys tests "$@" 2>&1 | tee "$DIR/pytest.log" \
+    || status=$?
 
-reports=$(ls "$DIR/reports" | wc -l)
+ubsan=$(grep -c "runtime error:" "$DIR/pytest.log" || true)
+[ "$ubsan" -eq 0 ] || grep -A12 "runtime error:" "$DIR/pytest.log" | head -40
+reports=$(( $(ls "$DIR/reports" | wc -l) + ubsan ))
 echo "== sanitizer reports: $reports"
 if [ "$reports" -ne 0 ]; then
     for f in "$DIR"/reports/*; do echo "--- $f"; head -40 "$f"; done
