@@ -67,7 +67,7 @@ ubsan=$(grep -c "runtime error:" "$DIR/pytest.log" || true)
 reports=$(( $(ls "$DIR/reports" | wc -l) + ubsan ))
 echo "== sanitizer reports: $reports"
 if [ "$reports" -ne 0 ]; then
-    for f in "$DIR"/reports/*; do echo "--- $f"; head -40 "$f"; done
+    for f in "$DIR"/reports/*; do [ -e "$f" ] && { echo "--- $f"; head -40 "$f"; }; done
     exit 1
 fi
 echo "== pytest exit status: $status"
