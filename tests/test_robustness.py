@@ -309,13 +309,10 @@ def test_fork_child_threaded_after_single_threaded_parent():
 
 
 @needs_fork
-@pytest.mark.xfail(strict=True, reason=(
-    "gs3d bug (issue 4, item 7): with GNU libgomp, a child forked after the parent ran a "
-    "parallel region hangs in its first parallel region with more than one thread; gs3d "
-    "neither detects this nor falls back to one thread.  Workaround: the 'spawn' or "
-    "'forkserver' start method, or num_threads=1 in the child."))
 @pytest.mark.parametrize("child_threads", [2, None])
 def test_fork_child_threaded_after_threaded_parent(child_threads):
+    """GNU OpenMP hangs a child forked after the parent used threads; gs3d detects the fork
+    and runs the child's kernels on one thread, so the child completes with the same result."""
     assert _fork_child_status(2, child_threads) == 0
 
 
@@ -350,13 +347,9 @@ def test_spawn_workaround(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# empty output buffers (found by the fuzzer)
+# regressions: empty output buffers (found by the fuzzer)
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, raises=gs3d.GridSamplerError, reason=(
-    "gs3d bug: a fresh empty output buffer such as np.empty((2, 0, 1, 1, 3)) has all strides "
-    "0 in numpy, and check_output's _self_overlaps rejects it as 'overlapping elements' "
-    "(161002); an array with no elements cannot overlap."))
 def test_empty_given_buffers_are_accepted():
     x = np.ones((2, 1, 1, 1, 1))
     grid = np.empty((2, 0, 1, 1, 3))
@@ -369,15 +362,9 @@ def test_empty_given_buffers_are_accepted():
 
 
 # ---------------------------------------------------------------------------------------------
-# found by the fuzzer and the sanitizers
+# regressions found by the fuzzer and the sanitizers
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gs3d bug: map_coord leaves the multiplier unwritten for a NaN coordinate (and for an "
-    "infinity under zeros/reflection), so a dead point's grid_grad is k.mx * 0 with k.mx stale "
-    "from the previous point (here -1.5 -> -0.0) or uninitialised stack memory for a thread's "
-    "first point (NaN garbage would give NaN); the sign of zero then depends on the thread "
-    "split, which breaks bitwise determinism.  SPEC: a dead point's grid gradient is 0."))
 def test_dead_point_grid_grad_is_plus_zero():
     x = np.ones((1, 1, 3, 3, 3))
     grid = np.array([[-5 / 3, 0.0, 0.0],       # valid; reflection gives x multiplier -1.5
@@ -387,11 +374,6 @@ def test_dead_point_grid_grad_is_plus_zero():
     assert not np.signbit(dg[0, 0, 0, 1]).any(), dg[0, 0, 0, 1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gs3d bug: kernel_ready() falls back to np.ascontiguousarray, which returns a C-contiguous "
-    "but unaligned array unchanged, so the kernels load doubles from misaligned addresses "
-    "(UBSan: 'load of misaligned address ... for type const double'); use "
-    "np.require(arr, requirements='CA') or arr.copy()."))
 def test_unaligned_contiguous_arrays_reach_the_kernels_aligned():
     from gs3d._validation import kernel_ready
     buf = np.zeros(3 * 8 + 1, dtype=np.uint8)
