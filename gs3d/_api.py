@@ -95,7 +95,8 @@ class _Resources:
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
         self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
-        self.workspace = np.empty(_kernels.workspace_bytes(nt, D), dtype=np.uint8)
+        self.workspace = np.empty(_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial)),
+                                  dtype=np.uint8)
         if want_dx and pb.kind in _HALF_KIND:
             # float32 accumulator for one batch item, in the memory order of input_grad
             self.dx_acc = _ndhwc(np.empty(volume_shape(1, pb.C, (D, H, W), pb.channels_last),

@@ -59,10 +59,12 @@ cdef enum:
 SCRATCH_EXTRA = 32 * TILE
 
 
-def workspace_bytes(int nthreads, Py_ssize_t D):
-    """Bytes of the ``workspace`` buffer the kernels need: one tile per thread, the slab bounds
-    and the per-plane cost estimate of the backward."""
-    return nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
+def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P):
+    """Bytes of the ``workspace`` buffer the kernels need for ``P`` output points per batch
+    item: one tile per thread, the slab bounds, the per-plane cost estimate and the depth range
+    of every tile (the last three for the threaded backward)."""
+    return (nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
+            + 2 * ((P + TILE - 1) // TILE) * sizeof(Py_ssize_t))
 
 
 def openmp_enabled():
@@ -566,27 +568,67 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
 
 
+cdef void tile_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t ti,
+                      Py_ssize_t* hull) noexcept nogil:
+    """hull[2 ti], hull[2 ti + 1]: the lowest and highest depth plane any point of tile ``ti``
+    needs (its corners' planes and the plane that owns its grid gradient)."""
+    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, p, p0 = ti * TILE, od, oh, ow, rem, zi, kp
+    cdef Py_ssize_t lo = g.D, hi = -1, a, b
+    cdef double u, m
+    cdef bint okz
+    od = p0 // (g.Ho * g.Wo)
+    rem = p0 - od * g.Ho * g.Wo
+    oh = rem // g.Wo
+    ow = rem - oh * g.Wo
+    for p in range(p0, min(P, p0 + TILE)):
+        if p > p0:
+            ow += 1
+            if ow == g.Wo:
+                ow = 0
+                oh += 1
+                if oh == g.Ho:
+                    oh = 0
+                    od += 1
+        okz = axis_index(ld(q, n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3]
+                            + 2 * g.qs[4], g.half_kind), g.D, g, &u, &m, &zi)
+        kp = key_of(okz, zi, g.D)
+        a = kp
+        b = kp
+        if okz:
+            a = min(a, zi)
+            b = max(b, zi + 1)
+        lo = min(lo, a)
+        hi = max(hi, b)
+    hull[2 * ti] = lo
+    hull[2 * ti + 1] = hi
+
+
 cdef void backward_slab(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                         acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
-                        Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg) noexcept nogil:
-    """All points of batch item n, in order, for the depth slab [zlo, zhi)."""
-    cdef Py_ssize_t p0, P = g.Do * g.Ho * g.Wo
+                        Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg,
+                        const Py_ssize_t* hull) noexcept nogil:
+    """All points of batch item n, in order, for the depth slab [zlo, zhi); with ``hull`` (the
+    depth range of each tile), tiles that need nothing from this slab are skipped whole."""
+    cdef Py_ssize_t p0, ti = 0, P = g.Do * g.Ho * g.Wo
     if zlo >= zhi:
         return
     p0 = 0
     while p0 < P:
-        backward_tile(grad, x, q, dq, A, As, work, work + g.C, g, t, n, p0,
-                      <int>min(<Py_ssize_t>TILE, P - p0), zlo, zhi, True, do_dg, False)
+        if hull == NULL or (hull[2 * ti + 1] >= zlo and hull[2 * ti] < zhi):
+            backward_tile(grad, x, q, dq, A, As, work, work + g.C, g, t, n, p0,
+                          <int>min(<Py_ssize_t>TILE, P - p0), zlo, zhi, True, do_dg, False)
         p0 += TILE
+        ti += 1
 
 
 cdef void slab_task(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                     acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
-                    Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg, unsigned short* dx16) noexcept nogil:
+                    Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg, unsigned short* dx16,
+                    const Py_ssize_t* hull) noexcept nogil:
     """One thread's share of batch item n: zero its dx planes, scatter into them (and write the
     grid gradient of the points it owns), then round them for 16-bit storage."""
     zero_planes(A, As, g, zlo, zhi)
-    backward_slab(grad, x, q, dq, A, As, work, g, t, n, zlo, zhi, do_dg)
+    backward_slab(grad, x, q, dq, A, As, work, g, t, n, zlo, zhi, do_dg, hull)
     if not (store_t is double or store_t is float):
         round_planes(<float*>A, As, dx16, g, n, zlo, zhi)
 
@@ -704,7 +746,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
 
     Axes are NDHWC-ordered views whatever the caller's layout.  ``dx_acc`` (D, H, W, C) is the
     float32 accumulator used for 16-bit dx (unused otherwise); ``scratch`` is
-    (nthreads, C + SCRATCH_EXTRA); ``workspace`` has ``workspace_bytes(nthreads, D)`` bytes.
+    (nthreads, C + SCRATCH_EXTRA); ``workspace`` has ``workspace_bytes(nthreads, D, Do * Ho * Wo)`` bytes.
     The kernels allocate nothing.
     """
     cdef Geo g
@@ -712,6 +754,8 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     cdef Py_ssize_t As[4]
     cdef Py_ssize_t* bounds
     cdef double* cost
+    cdef Py_ssize_t* hull
+    cdef Py_ssize_t ntiles
     cdef Tile* tiles
     cdef acc_t* A
     cdef int nt
@@ -738,13 +782,16 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     if want_dx and half_acc and (dx_acc.shape[0] < g.D or dx_acc.shape[1] < g.H
                                  or dx_acc.shape[2] < g.W or dx_acc.shape[3] < g.C):
         raise ValueError("dx accumulator too small")
-    if workspace.shape[0] < workspace_bytes(nthreads, g.D):
+    if workspace.shape[0] < workspace_bytes(nthreads, g.D, P):
         raise ValueError("workspace too small")
+    ntiles = (P + TILE - 1) // TILE
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
     tiles = <Tile*>&workspace[0]
     bounds = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile)]
     cost = <double*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)]
+    hull = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)
+                                   + g.D * sizeof(double)]
     with nogil:
         for n in range(g.N):
             if want_dx:
@@ -760,14 +807,17 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                     # no OpenMP region at all: cheaper for small calls, safe in a forked child
                     slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
                               &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], &g, tiles, n,
-                              bounds[0], bounds[1], want_dg, <unsigned short*>&dx[0, 0, 0, 0, 0])
+                              bounds[0], bounds[1], want_dg, <unsigned short*>&dx[0, 0, 0, 0, 0],
+                              NULL)
                 else:
+                    for ci in prange(ntiles, schedule='static', num_threads=nt):
+                        tile_planes(&grid[0, 0, 0, 0, 0], &g, n, ci, hull)
                     for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
                         slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
                                   &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
                                   &scratch[threadid(), 0], &g, &tiles[threadid()], n,
                                   bounds[t], bounds[t + 1], want_dg,
-                                  <unsigned short*>&dx[0, 0, 0, 0, 0])
+                                  <unsigned short*>&dx[0, 0, 0, 0, 0], hull)
             else:
                 nchunks = (P + TILE - 1) // TILE
                 if nthreads == 1:

@@ -32,8 +32,11 @@ GS3D_EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-san
 GS3D_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
     "$PY" setup.py build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
 SO="$(ls "$DIR"/gs3d/_kernels*.so)"
-ldd "$SO" | grep -q libasan || { echo "extension is not linked against libasan"; exit 1; }
-ldd "$SO" | grep -q libubsan || { echo "extension is not linked against libubsan"; exit 1; }
+# (ldd's output is captured first: grep -q closing the pipe early fails the pipeline under
+# pipefail)
+LINKED="$(ldd "$SO")"
+grep -q libasan <<<"$LINKED" || { echo "extension is not linked against libasan"; exit 1; }
+grep -q libubsan <<<"$LINKED" || { echo "extension is not linked against libubsan"; exit 1; }
 
 LIBASAN="$(gcc -print-file-name=libasan.so)"
 export LD_PRELOAD="$LIBASAN"
