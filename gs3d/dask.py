@@ -189,8 +189,8 @@ def grid_sample_3d_backward(grad_output: Any, input: Any, grid: Any, *,
     if want_dg:
         acc = x.dtype if not (partial and _is_half(x.dtype)) else np.dtype(np.float32)
         n_c = len(x.chunks[c_axis])
-        chunks = (x.chunks[0], (1,) * n_c, *[(s,) for s in q.shape[1:]])
-        parts = pairs.map_blocks(operator.getitem, 1, chunks=chunks, new_axis=[2, 3, 4, 5],
+        dg_chunks = (x.chunks[0], (1,) * n_c, *[(s,) for s in q.shape[1:]])
+        parts = pairs.map_blocks(operator.getitem, 1, chunks=dg_chunks, new_axis=[2, 3, 4, 5],
                                  dtype=acc, meta=np.empty((0,) * 6, dtype=acc))
         if partial:
             dg = parts.sum(axis=1, dtype=acc).astype(x.dtype)

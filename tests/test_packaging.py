@@ -1,0 +1,65 @@
+"""Packaging and typing: a light ``import gs3d``, the stubs (mypy.stubtest), and (with
+GS3D_SLOW=1) the sdist installed into a fresh virtual environment passing the tests."""
+import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import gs3d
+
+PACKAGE = pathlib.Path(gs3d.__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SLOW = pytest.mark.skipif(not os.environ.get("GS3D_SLOW"), reason="set GS3D_SLOW=1 to run")
+
+
+def test_import_gs3d_imports_no_framework():
+    code = ("import sys, gs3d; print(' '.join(m for m in ('torch', 'jax', 'dask', 'distributed', "
+            "'ml_dtypes') if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, cwd=str(PACKAGE.parent)).stdout.strip()
+    assert found == ""
+
+
+def test_typing_files_are_shipped():
+    for name in ("py.typed", "__init__.pyi", "_kernels.pyi"):
+        assert (PACKAGE / name).is_file(), name
+
+
+MYPY_CONFIG = """\
+[mypy]
+cache_dir = {cache}
+[mypy-gs3d._validation,gs3d.__main__,gs3d.reference]
+ignore_errors = True
+[mypy-torch.*,jax.*,jaxlib.*,dask.*,distributed.*,ml_dtypes.*]
+follow_imports = skip
+"""
+
+
+def test_stubtest(tmp_path):
+    """The stubs (__init__.pyi, _kernels.pyi) and the adapters' annotations match the runtime."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed")
+    config = tmp_path / "mypy.ini"
+    # untyped internals are not the stubs' business (their own type errors would stop stubtest)
+    config.write_text(MYPY_CONFIG.format(cache=tmp_path / "cache"))
+    allow = tmp_path / "allowlist.txt"
+    allow.write_text("gs3d._kernels.__test__\n")      # a Cython artefact
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "gs3d", "--mypy-config-file", str(config),
+         "--allowlist", str(allow)],
+        capture_output=True, text=True, cwd=str(PACKAGE.parent), timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@SLOW
+def test_sdist_in_fresh_venv():
+    """scripts/check_sdist.sh: python -m build, the sdist pip-installed into a new venv, the
+    test files run against the installed package from outside the source tree."""
+    script = ROOT / "scripts" / "check_sdist.sh"
+    if not script.is_file():
+        pytest.skip("not in a source checkout")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
