@@ -63,3 +63,28 @@ def test_sdist_in_fresh_venv():
         pytest.skip("not in a source checkout")
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=str(ROOT))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------------------------
+# docs: the README's option table, scipy column
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("align_corners", [True, False])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_readme_table_scipy_column(mode, padding_mode, align_corners):
+    ndimage = pytest.importorskip("scipy.ndimage")
+    import numpy as np
+    scipy_mode = {"zeros": "grid-constant", "border": "nearest",
+                  "reflection": "mirror" if align_corners else "reflect"}[padding_mode]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 1, 4, 5, 6))
+    grid = rng.uniform(-1.7, 1.7, (1, 3, 4, 5, 3))
+    size = np.array(x.shape[2:])
+    g = grid[0][..., ::-1]                                     # (z, y, x)
+    u = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+    want = ndimage.map_coordinates(x[0, 0], np.moveaxis(u, -1, 0), order=int(mode == "bilinear"),
+                                   mode=scipy_mode, cval=0.0)
+    got = gs3d.grid_sample_3d(x, grid, mode=mode, padding_mode=padding_mode,
+                              align_corners=align_corners)[0, 0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
