@@ -15,11 +15,13 @@ trap 'rm -rf "$work"' EXIT
 "$py" -m build --outdir "$work/dist" "$root"
 sdist="$(ls "$work"/dist/gs3d-*.tar.gz)"
 wheel="$(ls "$work"/dist/gs3d-*.whl)"
+sdist_files="$(tar tzf "$sdist")"
+wheel_files="$("$py" -m zipfile -l "$wheel")"
 for f in gs3d/_kernels.pyx gs3d/_helpers.pxd gs3d/__init__.pyi gs3d/_kernels.pyi gs3d/py.typed; do
-    tar tzf "$sdist" | grep -q "/$f\$" || { echo "sdist lacks $f"; exit 1; }
+    grep -q "/$f\$" <<<"$sdist_files" || { echo "sdist lacks $f"; exit 1; }
 done
 for f in gs3d/__init__.pyi gs3d/_kernels.pyi gs3d/py.typed gs3d/torch.py gs3d/jax.py gs3d/dask.py; do
-    "$py" -m zipfile -l "$wheel" | grep -q "$f" || { echo "wheel lacks $f"; exit 1; }
+    grep -q "$f" <<<"$wheel_files" || { echo "wheel lacks $f"; exit 1; }
 done
 echo "sdist and wheel contents: ok"
 

@@ -3,6 +3,7 @@ GS3D_SLOW=1) the sdist installed into a fresh virtual environment passing the te
 import importlib.util
 import os
 import pathlib
+import site
 import subprocess
 import sys
 
@@ -47,10 +48,19 @@ def test_stubtest(tmp_path):
     config.write_text(MYPY_CONFIG.format(cache=tmp_path / "cache"))
     allow = tmp_path / "allowlist.txt"
     allow.write_text("gs3d._kernels.__test__\n")      # a Cython artefact
+    env = dict(os.environ)
+    site_dirs = {pathlib.Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    if PACKAGE.parent not in site_dirs:
+        # a source checkout (editable installs use import hooks mypy does not follow)
+        env["MYPYPATH"] = str(PACKAGE.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
+                                                          env.get("PYTHONPATH")]))
+    # run away from the package's parent directory: mypy takes the current directory's modules
+    # for the user's own (site-packages would shadow libraries)
     proc = subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "gs3d", "--mypy-config-file", str(config),
          "--allowlist", str(allow)],
-        capture_output=True, text=True, cwd=str(PACKAGE.parent), timeout=600)
+        capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
