@@ -1,0 +1,25 @@
+"""Type stub of the compiled kernels (gs3d/_kernels.pyx).
+
+The kernels take 5-D views with axes ordered N, D, H, W, C (the grid N, Do, Ho, Wo, 3) of one
+storage type: float64, float32, or uint16 holding float16/bfloat16 bits (``half_kind`` 0/1).
+They do no validation: call them through :mod:`gs3d._api`.
+"""
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+_Store = npt.NDArray[Any]        # float64 / float32 / uint16 (16-bit formats)
+_Acc = npt.NDArray[Any]          # float64 / float32 compute type
+
+def openmp_enabled() -> bool: ...
+def max_threads() -> int: ...
+def forward(
+    inp: _Store, grid: _Store, out: _Store, scratch: _Acc, mode: int, padding: int,
+    align: bool, half_kind: int, nthreads: int,
+) -> None: ...
+def backward(
+    grad: _Store, inp: _Store, grid: _Store, dx: _Store, dgrid: _Store, dx_acc: _Acc,
+    scratch: _Acc, mode: int, padding: int, align: bool, half_kind: int, want_dx: bool,
+    want_dg: bool, nthreads: int,
+) -> None: ...

@@ -1,0 +1,106 @@
+"""Packaging and typing: a light ``import gs3d``, the stubs (mypy.stubtest), and (with
+GS3D_SLOW=1) the sdist installed into a fresh virtual environment passing the tests."""
+import importlib.util
+import os
+import pathlib
+import site
+import subprocess
+import sys
+
+import pytest
+
+import gs3d
+
+PACKAGE = pathlib.Path(gs3d.__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SLOW = pytest.mark.skipif(not os.environ.get("GS3D_SLOW"), reason="set GS3D_SLOW=1 to run")
+
+
+def test_import_gs3d_imports_no_framework():
+    code = ("import sys, gs3d; print(' '.join(m for m in ('torch', 'jax', 'dask', 'distributed', "
+            "'ml_dtypes') if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True, cwd=str(PACKAGE.parent)).stdout.strip()
+    assert found == ""
+
+
+def test_typing_files_are_shipped():
+    for name in ("py.typed", "__init__.pyi", "_kernels.pyi"):
+        assert (PACKAGE / name).is_file(), name
+
+
+MYPY_CONFIG = """\
+[mypy]
+cache_dir = {cache}
+[mypy-gs3d._validation,gs3d.__main__,gs3d.reference]
+ignore_errors = True
+[mypy-torch.*,jax.*,jaxlib.*,dask.*,distributed.*,ml_dtypes.*]
+follow_imports = skip
+ignore_missing_imports = True
+"""
+ADAPTERS = {"torch": "torch", "jax": "jax", "dask": "dask"}
+
+
+def test_stubtest(tmp_path):
+    """The stubs (__init__.pyi, _kernels.pyi) and the adapters' annotations match the runtime."""
+    if importlib.util.find_spec("mypy") is None:
+        pytest.skip("mypy is not installed")
+    config = tmp_path / "mypy.ini"
+    # untyped internals are not the stubs' business (their own type errors would stop stubtest)
+    config.write_text(MYPY_CONFIG.format(cache=tmp_path / "cache"))
+    allow = tmp_path / "allowlist.txt"
+    allowed = ["gs3d._kernels.__test__"]              # a Cython artefact
+    # an adapter whose framework is not installed cannot be imported, so cannot be checked
+    allowed += [f"gs3d.{name}(\\..*)?" for name, needs in ADAPTERS.items()
+                if importlib.util.find_spec(needs) is None]
+    allow.write_text("\n".join(allowed) + "\n")
+    env = dict(os.environ)
+    site_dirs = {pathlib.Path(p).resolve() for p in site.getsitepackages() + [site.getusersitepackages()]}
+    if PACKAGE.parent not in site_dirs:
+        # a source checkout (editable installs use import hooks mypy does not follow)
+        env["MYPYPATH"] = str(PACKAGE.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE.parent),
+                                                          env.get("PYTHONPATH")]))
+    # run away from the package's parent directory: mypy takes the current directory's modules
+    # for the user's own (site-packages would shadow libraries)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy.stubtest", "gs3d", "--mypy-config-file", str(config),
+         "--allowlist", str(allow)],
+        capture_output=True, text=True, cwd=str(tmp_path), env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@SLOW
+def test_sdist_in_fresh_venv():
+    """scripts/check_sdist.sh: python -m build, the sdist pip-installed into a new venv, the
+    test files run against the installed package from outside the source tree."""
+    script = ROOT / "scripts" / "check_sdist.sh"
+    if not script.is_file():
+        pytest.skip("not in a source checkout")
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+# --------------------------------------------------------------------------------------------
+# docs: the README's option table, scipy column
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("align_corners", [True, False])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_readme_table_scipy_column(mode, padding_mode, align_corners):
+    ndimage = pytest.importorskip("scipy.ndimage")
+    import numpy as np
+    scipy_mode = {"zeros": "grid-constant", "border": "nearest",
+                  "reflection": "mirror" if align_corners else "reflect"}[padding_mode]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 1, 4, 5, 6))
+    grid = rng.uniform(-1.7, 1.7, (1, 3, 4, 5, 3))
+    size = np.array(x.shape[2:])
+    g = grid[0][..., ::-1]                                     # (z, y, x)
+    u = (g + 1) / 2 * (size - 1) if align_corners else ((g + 1) * size - 1) / 2
+    want = ndimage.map_coordinates(x[0, 0], np.moveaxis(u, -1, 0), order=int(mode == "bilinear"),
+                                   mode=scipy_mode, cval=0.0)
+    got = gs3d.grid_sample_3d(x, grid, mode=mode, padding_mode=padding_mode,
+                              align_corners=align_corners)[0, 0]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
