@@ -9,11 +9,15 @@ from ._validation import GridSamplerError as GridSamplerError
 
 __version__: str
 __all__ = [
+    "BackwardPlan",
+    "ForwardPlan",
     "GridSamplerError",
     "deterministic",
     "get_deterministic",
     "grid_sample_3d",
     "grid_sample_3d_backward",
+    "plan_backward",
+    "plan_forward",
     "reference",
     "set_deterministic",
     "show_config",
@@ -56,3 +60,67 @@ def set_deterministic(enabled: bool) -> None: ...
 def get_deterministic() -> bool: ...
 def deterministic(enabled: bool = True) -> ContextManager[None]: ...
 def show_config() -> None: ...
+
+class ForwardPlan:
+    dtype: np.dtype[Any]
+    input_shape: Tuple[int, ...]
+    grid_shape: Tuple[int, ...]
+    output_shape: Tuple[int, ...]
+    workspace_size: int
+    def __init__(
+        self,
+        input_shape: Tuple[int, ...],
+        grid_shape: Tuple[int, ...],
+        dtype: npt.DTypeLike,
+        *,
+        mode: _Mode = "bilinear",
+        padding_mode: _Padding = "zeros",
+        align_corners: bool = False,
+        layout: _Layout = "NCDHW",
+        num_threads: Optional[int] = None,
+    ) -> None: ...
+    def __call__(self, input: _ArrayIn, grid: _ArrayIn, *, out: Optional[_Array] = None) -> _Array: ...
+
+class BackwardPlan:
+    dtype: np.dtype[Any]
+    grad_output_shape: Tuple[int, ...]
+    input_shape: Tuple[int, ...]
+    grid_shape: Tuple[int, ...]
+    want_dx: bool
+    want_dg: bool
+    workspace_size: int
+    def __init__(
+        self,
+        grad_output_shape: Tuple[int, ...],
+        input_shape: Tuple[int, ...],
+        grid_shape: Tuple[int, ...],
+        dtype: npt.DTypeLike,
+        *,
+        mode: _Mode = "bilinear",
+        padding_mode: _Padding = "zeros",
+        align_corners: bool = False,
+        output_mask: Tuple[bool, bool] = (True, True),
+        layout: _Layout = "NCDHW",
+        deterministic: Optional[bool] = None,
+        num_threads: Optional[int] = None,
+    ) -> None: ...
+    def __call__(
+        self,
+        grad_output: _ArrayIn,
+        input: _ArrayIn,
+        grid: _ArrayIn,
+        *,
+        input_grad: Optional[_Array] = None,
+        grid_grad: Optional[_Array] = None,
+    ) -> Tuple[Optional[_Array], Optional[_Array]]: ...
+
+def plan_forward(
+    input_shape: Tuple[int, ...], grid_shape: Tuple[int, ...], dtype: npt.DTypeLike, **options: Any
+) -> ForwardPlan: ...
+def plan_backward(
+    grad_output_shape: Tuple[int, ...],
+    input_shape: Tuple[int, ...],
+    grid_shape: Tuple[int, ...],
+    dtype: npt.DTypeLike,
+    **options: Any,
+) -> BackwardPlan: ...

@@ -30,8 +30,8 @@ _HALF_KIND = {"f2": 0, "bf16": 1}
 # instead of by Cython's per-call fused-type dispatch
 _SIGNATURE = {"f8": "double|double", "f4": "float|float", "f2": "unsigned short|float",
               "bf16": "unsigned short|float"}
-_FORWARD = {k: _kernels.forward.__signatures__[v] for k, v in _SIGNATURE.items()}
-_BACKWARD = {k: _kernels.backward.__signatures__[v] for k, v in _SIGNATURE.items()}
+_FORWARD = {k: getattr(_kernels.forward, "__signatures__")[v] for k, v in _SIGNATURE.items()}
+_BACKWARD = {k: getattr(_kernels.backward, "__signatures__")[v] for k, v in _SIGNATURE.items()}
 
 # --------------------------------------------------------------------------------------------
 # deterministic mode (the CANN switch is global; gs3d adds a context manager and a per-call flag)
@@ -291,9 +291,9 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
         return dx, dg
     if want_dx or want_dg:
         res.backward(kernel_ready(g), kernel_ready(x), kernel_ready(q), dx_k, dg_k)
-        if want_dx and dx_k is not dx:
+        if dx is not None and dx_k is not dx:
             dx[...] = dx_k
-        if want_dg and dg_k is not dg:
+        if dg is not None and dg_k is not dg:
             dg[...] = dg_k
     return dx, dg
 

@@ -12,14 +12,17 @@ import numpy.typing as npt
 _Store = npt.NDArray[Any]        # float64 / float32 / uint16 (16-bit formats)
 _Acc = npt.NDArray[Any]          # float64 / float32 compute type
 
+SCRATCH_EXTRA: int
+
+def workspace_bytes(nthreads: int, D: int, P: int) -> int: ...
 def openmp_enabled() -> bool: ...
 def max_threads() -> int: ...
 def forward(
-    inp: _Store, grid: _Store, out: _Store, scratch: _Acc, mode: int, padding: int,
-    align: bool, half_kind: int, nthreads: int,
+    inp: _Store, grid: _Store, out: _Store, scratch: _Acc, workspace: npt.NDArray[np.uint8],
+    mode: int, padding: int, align: bool, half_kind: int, nthreads: int,
 ) -> None: ...
 def backward(
     grad: _Store, inp: _Store, grid: _Store, dx: _Store, dgrid: _Store, dx_acc: _Acc,
-    scratch: _Acc, mode: int, padding: int, align: bool, half_kind: int, want_dx: bool,
-    want_dg: bool, nthreads: int,
+    scratch: _Acc, workspace: npt.NDArray[np.uint8], mode: int, padding: int, align: bool,
+    half_kind: int, want_dx: bool, want_dg: bool, nthreads: int,
 ) -> None: ...

@@ -39,7 +39,10 @@ grep -q libasan <<<"$LINKED" || { echo "extension is not linked against libasan"
 grep -q libubsan <<<"$LINKED" || { echo "extension is not linked against libubsan"; exit 1; }
 
 LIBASAN="$(gcc -print-file-name=libasan.so)"
-export LD_PRELOAD="$LIBASAN"
+# libstdc++ is preloaded too: otherwise ASan's __cxa_throw interceptor finds no real function
+# when a C++ library loaded later (torch, in the oracle and adapter tests) throws, and aborts
+LIBSTDCXX="$(gcc -print-file-name=libstdc++.so.6)"
+export LD_PRELOAD="$LIBASAN $LIBSTDCXX"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1:log_path=$DIR/reports/asan"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 export PYTHONPATH="$DIR"
