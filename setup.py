@@ -7,6 +7,7 @@ neither ``-ffast-math`` (it would break the NaN handling the specification relie
 ``GS3D_EXTRA_LDFLAGS`` add flags (the sanitizer build uses them).
 """
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -66,18 +67,31 @@ if sys.platform == "win32":
 extra_c += os.environ.get("GS3D_EXTRA_CFLAGS", "").split()
 extra_l = omp_l + os.environ.get("GS3D_EXTRA_LDFLAGS", "").split()
 
-ext = Extension(
-    "gs3d._kernels",
-    ["gs3d/_kernels.pyx"],
-    include_dirs=[np.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
-    extra_compile_args=extra_c,
-    extra_link_args=extra_l,
-)
+
+
+def _kernel_extension(name, simd_flags=()):
+    return Extension(
+        f"gs3d.{name}",
+        [f"gs3d/{name}.pyx"],
+        include_dirs=[np.get_include()],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_9_API_VERSION")],
+        extra_compile_args=extra_c + list(simd_flags),
+        extra_link_args=extra_l,
+    )
+
+
+# The same kernels twice: the x86-64 baseline, and an AVX2/FMA/F16C variant that gs3d picks at
+# import time on CPUs that have those instructions (runtime dispatch: the default build still
+# runs anywhere). -ffp-contract=off keeps FMA instructions out of the arithmetic, so both
+# variants give bitwise the same results.
+extensions = [_kernel_extension("_kernels")]
+if (platform.machine().lower() in ("x86_64", "amd64") and sys.platform != "win32"
+        and not os.environ.get("GS3D_NO_SIMD_VARIANTS")):
+    extensions.append(_kernel_extension("_kernels_avx2", ["-mavx2", "-mfma", "-mf16c"]))
 
 setup(
     ext_modules=cythonize(
-        [ext],
+        extensions,
         compiler_directives={
             "language_level": 3,
             "boundscheck": False,

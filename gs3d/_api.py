@@ -9,7 +9,23 @@ from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
 
-from . import _kernels
+from . import _kernels as _baseline_kernels
+
+
+def _select_kernels():
+    """The kernel module for this CPU: the AVX2/FMA/F16C build when the CPU has those
+    instructions and it was built, else the baseline build. ``GS3D_SIMD=baseline`` forces the
+    baseline. Both give bitwise the same results."""
+    if os.environ.get("GS3D_SIMD", "").lower() != "baseline" and _baseline_kernels.cpu_has_avx2():
+        try:
+            from . import _kernels_avx2
+            return _kernels_avx2, "avx2"
+        except ImportError:
+            pass
+    return _baseline_kernels, "baseline"
+
+
+_kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
     GridSamplerError, Problem, as_input_array, check_output, check_problem, kernel_ready,
     parse_deterministic, parse_num_threads, parse_output_mask, parse_bool, volume_shape,
@@ -305,8 +321,9 @@ def show_config() -> None:
     print(f"  numpy:            {np.__version__}")
     print(f"  OpenMP:           {'yes' if _kernels.openmp_enabled() else 'no (serial kernels)'}")
     print(f"  default threads:  {_kernels.max_threads()}")
-    print("  SIMD:             compiler baseline of the build (x86-64: SSE2); no runtime "
-          "dispatch yet")
+    simd = {"avx2": "AVX2 + FMA + F16C (runtime dispatch)",
+            "baseline": "compiler baseline (x86-64: SSE2)"}[SIMD_LEVEL]
+    print(f"  SIMD:             {simd}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,6 +19,15 @@ cdef extern from *:
     static int omp_get_thread_num(void) { return 0; }
     #endif
     #include <string.h>
+    static int gs3d_cpu_has_avx2(void) {
+    #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+               && __builtin_cpu_supports("f16c");
+    #else
+        return 0;
+    #endif
+    }
     #if defined(__GNUC__) || defined(__clang__)
     #define gs3d_prefetch(p) __builtin_prefetch((const void*)(p))
     #else
@@ -33,6 +42,7 @@ cdef extern from *:
     float gs3d_bits_to_float(uint32_t u) noexcept nogil
     uint32_t gs3d_float_to_bits(float f) noexcept nogil
     void gs3d_prefetch(const void* p) noexcept nogil
+    int gs3d_cpu_has_avx2() noexcept nogil
 
 # Interpolation and padding codes (the CANN codes).
 cdef enum:

@@ -26,7 +26,7 @@ from libc.stdint cimport uint16_t
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
-    map_coord, floor_index, gs3d_prefetch, MODE_BILINEAR, MODE_NEAREST, HALF_F16, HALF_BF16,
+    map_coord, floor_index, gs3d_prefetch, gs3d_cpu_has_avx2, MODE_BILINEAR, MODE_NEAREST, HALF_F16, HALF_BF16,
 )
 
 ctypedef fused store_t:
@@ -65,6 +65,11 @@ def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P):
     of every tile (the last three for the threaded backward)."""
     return (nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
             + 2 * ((P + TILE - 1) // TILE) * sizeof(Py_ssize_t))
+
+
+def cpu_has_avx2():
+    """True when this CPU has AVX2, FMA and F16C (the instructions of _kernels_avx2)."""
+    return bool(gs3d_cpu_has_avx2())
 
 
 def openmp_enabled():

@@ -1,0 +1,10 @@
+"""Type stub of gs3d/_kernels_avx2.pyx: the same functions as gs3d/_kernels.pyx."""
+from ._kernels import (
+    SCRATCH_EXTRA as SCRATCH_EXTRA,
+    backward as backward,
+    cpu_has_avx2 as cpu_has_avx2,
+    forward as forward,
+    max_threads as max_threads,
+    openmp_enabled as openmp_enabled,
+    workspace_bytes as workspace_bytes,
+)
