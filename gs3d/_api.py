@@ -5,6 +5,7 @@ import contextlib
 import contextvars
 import math
 import os
+import threading
 from typing import Any, Iterator, Optional, Tuple
 
 import numpy as np
@@ -371,7 +372,9 @@ def _run_output(out: Any, name: str, shape: tuple, dtype: np.dtype, inputs: tupl
 class ForwardPlan:
     """A validated forward for fixed shapes, dtype and options, owning its scratch memory.
 
-    Made by :func:`plan_forward`; call it as ``plan(input, grid, out=None)``.
+    Made by :func:`plan_forward`; call it as ``plan(input, grid, out=None)``. Calls on one plan
+    from several Python threads are serialised (the scratch is shared); make one plan per thread
+    to run them in parallel.
     """
 
     def __init__(self, input_shape, grid_shape, dtype, *, mode="bilinear",
@@ -385,6 +388,7 @@ class ForwardPlan:
         self.output_shape = volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last)
         nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
         self._res = _Resources(pb, nt, False)
+        self._lock = threading.Lock()
         #: bytes of scratch memory the plan owns and reuses on every call
         self.workspace_size = self._res.nbytes
 
@@ -394,14 +398,17 @@ class ForwardPlan:
         if out is not None:
             out = _run_output(out, "out", self.output_shape, self.dtype,
                               (("input", x), ("grid", q)))
-        return _forward(self._res, x, q, out, self.output_shape)
+        with self._lock:
+            return _forward(self._res, x, q, out, self.output_shape)
 
 
 class BackwardPlan:
     """A validated backward for fixed shapes, dtype and options, owning its scratch memory.
 
     Made by :func:`plan_backward`; call it as
-    ``plan(grad_output, input, grid, input_grad=None, grid_grad=None)``.
+    ``plan(grad_output, input, grid, input_grad=None, grid_grad=None)``. Calls on one plan from
+    several Python threads are serialised (the scratch is shared); make one plan per thread to
+    run them in parallel.
     """
 
     def __init__(self, grad_output_shape, input_shape, grid_shape, dtype, *, mode="bilinear",
@@ -418,6 +425,7 @@ class BackwardPlan:
         self.grad_output_shape, self.input_shape, self.grid_shape = g.shape, x.shape, q.shape
         nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
         self._res = _Resources(pb, nt, self.want_dx)
+        self._lock = threading.Lock()
         #: bytes of scratch memory the plan owns and reuses on every call
         self.workspace_size = self._res.nbytes
 
@@ -431,7 +439,9 @@ class BackwardPlan:
         if self.want_dg and grid_grad is not None:
             grid_grad = _run_output(grid_grad, "grid_grad", self.grid_shape, self.dtype, inputs,
                                     (("input_grad", input_grad if self.want_dx else None),))
-        return _backward(self._res, g, x, q, self.want_dx, self.want_dg, input_grad, grid_grad)
+        with self._lock:
+            return _backward(self._res, g, x, q, self.want_dx, self.want_dg, input_grad,
+                             grid_grad)
 
 
 def plan_forward(input_shape, grid_shape, dtype, **options) -> ForwardPlan:

@@ -137,3 +137,26 @@ def test_simd_variants_agree_bitwise(layout, dtype):
             _api._kernels, _api._FORWARD, _api._BACKWARD = saved
     for a, b in zip(*results):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_plan_shared_by_threads_gives_serial_results():
+    """One plan called from several Python threads at once: its scratch is not corrupted."""
+    import threading
+    rng = np.random.default_rng(6)
+    cases = [_case(rng) for _ in range(4)]
+    g0, x0, q0 = cases[0]
+    plan = gs3d.plan_backward(g0.shape, x0.shape, q0.shape, x0.dtype, num_threads=2)
+    want = [plan(*c) for c in cases]
+    got = [None] * len(cases)
+
+    def work(i):
+        for _ in range(5):
+            got[i] = plan(*cases[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for a, b in zip(got, want):
+        assert all(np.array_equal(u, v) for u, v in zip(a, b))
