@@ -31,12 +31,13 @@ cd "$DIR"
 GS3D_EXTRA_CFLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g" \
 GS3D_EXTRA_LDFLAGS="-fsanitize=address,undefined" \
     "$PY" setup.py build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
-SO="$(ls "$DIR"/gs3d/_kernels*.so)"
-# (ldd's output is captured first: grep -q closing the pipe early fails the pipeline under
-# pipefail)
-LINKED="$(ldd "$SO")"
-grep -q libasan <<<"$LINKED" || { echo "extension is not linked against libasan"; exit 1; }
-grep -q libubsan <<<"$LINKED" || { echo "extension is not linked against libubsan"; exit 1; }
+# every kernel build (the baseline and the AVX2 variant) must carry both runtimes; ldd's output
+# is captured first (grep -q closing the pipe early fails the pipeline under pipefail)
+for SO in "$DIR"/gs3d/_kernels*.so; do
+    LINKED="$(ldd "$SO")"
+    grep -q libasan <<<"$LINKED" || { echo "$SO is not linked against libasan"; exit 1; }
+    grep -q libubsan <<<"$LINKED" || { echo "$SO is not linked against libubsan"; exit 1; }
+done
 
 LIBASAN="$(gcc -print-file-name=libasan.so)"
 # libstdc++ is preloaded too: otherwise ASan's __cxa_throw interceptor finds no real function
