@@ -12,21 +12,25 @@ Storage types: float64, float32, and ``unsigned short`` for both 16-bit formats 
 tells float16 from bfloat16).  The compute type ``acc_t`` is double for float64 and float for the
 others; 16-bit results are accumulated in float32 and rounded once.
 
+Points are processed in tiles of TILE output points: first the set-up of the whole tile (corner
+offsets, weights, in-bounds bit masks), then the channel work, with channels-last, strided
+(NCDHW) and single-channel variants that give bitwise the same results.
+
 Parallel scatter without races and without dependence on the thread count: for each batch item
-the input depth axis D is cut into one slab per thread; every thread walks *all* output points in
-order and scatters only the corners that fall into its own slab.  Each dx element therefore
-receives its contributions in point order, whatever the number of threads and however the slabs
-are cut: results are bitwise identical to the serial loop.  The slab boundaries are chosen from a
-sample of the grid so that threads get similar amounts of work.
+the input depth axis D is cut into one slab per thread; every thread walks the output points in
+order (skipping whole tiles whose depth range misses its slab) and scatters only the corners that
+fall into its own slab.  Each dx element therefore receives its contributions in point order,
+whatever the number of threads and however the slabs are cut: results are bitwise identical to
+the serial loop.  The slab boundaries are chosen from a sample of the grid so that threads get
+similar amounts of work.
 """
-cimport cython
 from cython.parallel cimport prange, threadid
 from libc.math cimport rint
-from libc.stdint cimport uint16_t
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
-    map_coord, floor_index, gs3d_prefetch, gs3d_cpu_has_avx2, MODE_BILINEAR, MODE_NEAREST, HALF_F16, HALF_BF16,
+    map_coord, floor_index, gs3d_prefetch, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
+    HALF_BF16,
 )
 
 ctypedef fused store_t:
@@ -219,7 +223,7 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
 
     Weights are computed in the compute type ``acc_t`` (``As_dummy`` only selects it) and kept
     as doubles, which hold them exactly.  Corners out of bounds get no flag bit; their offsets
-    are never dereferenced.
+    are never read or written through (at most prefetched, which cannot fault).
     """
     cdef Corners k
     cdef Py_ssize_t od, oh, ow, rem, qo, zi, kp, base, abase, i8
