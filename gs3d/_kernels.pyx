@@ -196,9 +196,10 @@ cdef struct Tile:
     int npts
     Py_ssize_t ob[TILE]          # offset of the point in grad_output / the forward output
     Py_ssize_t oq[TILE]          # offset of the point in grid_grad
-    Py_ssize_t xo[8 * TILE]      # input offset of each corner (batch included)
-    Py_ssize_t ao[8 * TILE]      # accumulator offset of each corner
-    double w[8 * TILE]           # corner weights (values of the compute type)
+    Py_ssize_t xb[TILE]          # input offset of corner 0 (batch included)
+    Py_ssize_t ab[TILE]          # accumulator offset of corner 0
+    Py_ssize_t xd[8]             # offset of corner j from corner 0, input and accumulator
+    Py_ssize_t ad[8]
     double f[6 * TILE]           # wx0, wx1, wy0, wy1, wz0, wz1 (values of the compute type)
     double mult[3 * TILE]        # grid-gradient multipliers
     unsigned char vd[TILE]       # bit j: corner j in bounds (gathered for the grid gradient)
@@ -206,14 +207,30 @@ cdef struct Tile:
     unsigned char own[TILE]      # 1: this call writes the point's grid gradient
 
 
+cdef inline Py_ssize_t xo(Tile* t, int i, int j) noexcept nogil:
+    """Input offset of corner j of point i."""
+    return t.xb[i] + t.xd[j]
+
+
+cdef inline Py_ssize_t ao(Tile* t, int i, int j) noexcept nogil:
+    """Accumulator offset of corner j of point i."""
+    return t.ab[i] + t.ad[j]
+
+
+cdef inline acc_t corner_weight(Tile* t, int i, int j, acc_t* type_only) noexcept nogil:
+    """wx * (wy * wz) of corner j of point i, in the compute type (``type_only`` selects it)."""
+    cdef double* f = &t.f[6 * i]
+    return <acc_t>f[j & 1] * (<acc_t>f[2 + ((j >> 1) & 1)] * <acc_t>f[4 + (j >> 2)])
+
+
 cdef inline void prefetch_corners(const store_t* x, Tile* t, int i) noexcept nogil:
     """Ask for the four cache lines holding point i's corners (x0 and x1 share a line mostly).
     Only called for points whose corner offsets were set."""
     if t.vd[i]:
-        gs3d_prefetch(&x[t.xo[8 * i]])
-        gs3d_prefetch(&x[t.xo[8 * i + 2]])
-        gs3d_prefetch(&x[t.xo[8 * i + 4]])
-        gs3d_prefetch(&x[t.xo[8 * i + 6]])
+        gs3d_prefetch(&x[xo(t, i, 0)])
+        gs3d_prefetch(&x[xo(t, i, 2)])
+        gs3d_prefetch(&x[xo(t, i, 4)])
+        gs3d_prefetch(&x[xo(t, i, 6)])
 
 
 cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
@@ -234,13 +251,12 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     cdef acc_t wx[2]
     cdef acc_t wy[2]
     cdef acc_t wz[2]
-    cdef Py_ssize_t xd[8]
-    cdef Py_ssize_t ad[8]
     cdef int hk = g.half_kind
     t.npts = cnt
     for j in range(8):
-        xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
-        ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
+        # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
+        t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
+        t.ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
     od = p0 // (g.Ho * g.Wo)
     rem = p0 - od * g.Ho * g.Wo
     oh = rem // g.Wo
@@ -280,9 +296,11 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
             # one corner of weight 1; the grid gradient is exactly zero
             t.mult[3 * i] = t.mult[3 * i + 1] = t.mult[3 * i + 2] = 0.0
             if k.vx0 and k.vy0 and k.vz0:
-                t.xo[i8] = base
-                t.ao[i8] = abase
-                t.w[i8] = 1.0
+                t.xb[i] = base
+                t.ab[i] = abase
+                # weights (1, 0) on every axis: corner 0 gets 1 * (1 * 1) exactly
+                t.f[6 * i] = t.f[6 * i + 2] = t.f[6 * i + 4] = 1.0
+                t.f[6 * i + 1] = t.f[6 * i + 3] = t.f[6 * i + 5] = 0.0
                 if do_dx and zlo <= k.z0 < zhi:
                     t.vs[i] = 1
             continue
@@ -305,11 +323,8 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
         if do_dx:
             t.vs[i] = t.vd[i] & ((0x0F if zlo <= k.z0 < zhi else 0)
                                  | (0xF0 if zlo <= k.z0 + 1 < zhi else 0))
-        for j in range(8):
-            # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
-            t.xo[i8 + j] = base + xd[j]
-            t.ao[i8 + j] = abase + ad[j]
-            t.w[i8 + j] = wx[j & 1] * (wy[(j >> 1) & 1] * wz[j >> 2])
+        t.xb[i] = base
+        t.ab[i] = abase
 
 
 cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, store_t* dq,
@@ -361,7 +376,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             s = 0
             for j in range(8):
                 if (v >> j) & 1:
-                    s = s + <acc_t>t.w[i8 + j] * <acc_t>ld(x, t.xo[i8 + j], hk)
+                    s = s + corner_weight(t, i, j, scratch) * <acc_t>ld(x, xo(t, i, j), hk)
             st(out, t.ob[i], s, hk)
     elif xc == 1 and oc == 1:
         for i in range(cnt):
@@ -373,9 +388,9 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                 scratch[c] = 0
             for j in range(8):
                 if (v >> j) & 1:
-                    w = <acc_t>t.w[i8 + j]
+                    w = corner_weight(t, i, j, scratch)
                     for c in range(C):
-                        scratch[c] = scratch[c] + w * <acc_t>ld(x, t.xo[i8 + j] + c, hk)
+                        scratch[c] = scratch[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
             for c in range(C):
                 st(out, t.ob[i] + c, scratch[c], hk)
     else:
@@ -386,7 +401,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                 s = 0
                 for j in range(8):
                     if (v >> j) & 1:
-                        s = s + <acc_t>t.w[i8 + j] * <acc_t>ld(x, t.xo[i8 + j] + c * xc, hk)
+                        s = s + corner_weight(t, i, j, scratch) * <acc_t>ld(x, xo(t, i, j) + c * xc, hk)
                 st(out, t.ob[i] + c * oc, s, hk)
 
 
@@ -523,11 +538,11 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 for j in range(8):
                     if (vd >> j) & 1:
                         d8[j] = 0
-                        d8[j] = d8[j] + goc * <acc_t>ld(x, t.xo[i8 + j], hk)
+                        d8[j] = d8[j] + goc * <acc_t>ld(x, xo(t, i, j), hk)
                 grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
             for j in range(8):
                 if (vs >> j) & 1:
-                    A[t.ao[i8 + j]] += <acc_t>t.w[i8 + j] * goc
+                    A[ao(t, i, j)] += corner_weight(t, i, j, A) * goc
         return
     if xc == 1 and gc == 1 and ac == 1:
         # channels contiguous: per point, short vector loops over the channels of each corner
@@ -543,11 +558,11 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             if t.own[i]:
                 for j in range(8):
                     if (vd >> j) & 1:
-                        d8[j] = dot_channels(go, x, t.xo[i8 + j], 1, C, hk)
+                        d8[j] = dot_channels(go, x, xo(t, i, j), 1, C, hk)
                 grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
             for j in range(8):
                 if (vs >> j) & 1:
-                    axpy_channels(A, t.ao[i8 + j], 1, <acc_t>t.w[i8 + j], go, C)
+                    axpy_channels(A, ao(t, i, j), 1, corner_weight(t, i, j, A), go, C)
         return
     # channels strided (NCDHW): channels outermost, so every inner loop stays in one channel
     # plane; points x corners x 4 partial sums of the dot products live in ``dots``
@@ -565,10 +580,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             for j in range(8):
                 if (vd >> j) & 1:
                     dots[4 * (i8 + j) + slot] = dots[4 * (i8 + j) + slot] + goc * <acc_t>ld(
-                        x, t.xo[i8 + j] + c * xc, hk)
+                        x, xo(t, i, j) + c * xc, hk)
             for j in range(8):
                 if (vs >> j) & 1:
-                    A[t.ao[i8 + j] + c * ac] += <acc_t>t.w[i8 + j] * goc
+                    A[ao(t, i, j) + c * ac] += corner_weight(t, i, j, A) * goc
     for i in range(cnt):
         if t.own[i]:
             for j in range(8):
