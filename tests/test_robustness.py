@@ -203,6 +203,8 @@ def _entry_points():
     x_cl = np.ascontiguousarray(np.moveaxis(x, 1, 4))
     go_cl = np.ascontiguousarray(np.moveaxis(go, 1, 4))
     bad_grid = grid[..., :2]
+    bplan = gs3d.plan_backward(go.shape, x.shape, grid.shape, x.dtype)
+    fplan = gs3d.plan_forward(x.shape, grid.shape, x.dtype)
 
     def rejected():
         try:
@@ -227,6 +229,10 @@ def _entry_points():
         "grid_sample_3d_backward(bfloat16, mask)": lambda: gs3d.grid_sample_3d_backward(
             b[2], b[0], b[1], output_mask=(True, False), mode="nearest"),
         "grid_sample_3d_backward(rejected)": rejected,
+        "plan_backward(...)(buffers)": lambda: bplan(go, x, grid, input_grad=dx, grid_grad=dg),
+        "plan_forward(...)(out=)": lambda: fplan(x, grid, out=out),
+        "plan_backward (made and run)": lambda: gs3d.plan_backward(
+            go.shape, x.shape, grid.shape, x.dtype)(go, x, grid),
     }
 
 
