@@ -121,6 +121,29 @@ cdef void fill_strides(Py_ssize_t* dst, Py_ssize_t* shape, Py_ssize_t* strides,
         dst[k] = strides[k] // itemsize if shape[k] > 1 else 0
 
 
+cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
+                  acc_t[:, ::1] scratch, int mode, int padding, bint align,
+                  int half_kind) except -1:
+    """Sizes, input and grid strides and options of a call (``scratch`` selects the compute
+    type, which must match the storage type); output strides start at 0."""
+    cdef int k
+    if store_t is double:
+        if acc_t is float:
+            raise TypeError("compute type does not match the storage type")
+    elif acc_t is double:
+        raise TypeError("compute type does not match the storage type")
+    g.N, g.D, g.H, g.W, g.C = inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3], inp.shape[4]
+    g.Do, g.Ho, g.Wo = grid.shape[1], grid.shape[2], grid.shape[3]
+    fill_strides(g.xs, inp.shape, inp.strides, sizeof(store_t), 5)
+    fill_strides(g.qs, grid.shape, grid.strides, sizeof(store_t), 5)
+    for k in range(5):
+        g.gs[k] = g.os[k] = g.ds[k] = 0
+    for k in range(4):
+        g.as_[k] = 0
+    g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # per-point set-up
 # ---------------------------------------------------------------------------------------------
@@ -424,18 +447,8 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     cdef Geo g
     cdef Py_ssize_t P, per_n, nchunks, ci, n, p0, isz = sizeof(store_t)
     cdef Tile* tiles
-    if store_t is double:
-        if acc_t is float:
-            raise TypeError("compute type does not match the storage type")
-    elif acc_t is double:
-        raise TypeError("compute type does not match the storage type")
-    g.N, g.D, g.H, g.W, g.C = inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3], inp.shape[4]
-    g.Do, g.Ho, g.Wo = grid.shape[1], grid.shape[2], grid.shape[3]
-    fill_strides(g.xs, inp.shape, inp.strides, isz, 5)
-    fill_strides(g.qs, grid.shape, grid.strides, isz, 5)
+    init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, out.shape, out.strides, isz, 5)
-    g.os[0] = g.os[1] = g.os[2] = g.os[3] = g.os[4] = 0
-    g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
     P = g.Do * g.Ho * g.Wo
     if g.N * P == 0 or g.C == 0:
         return
@@ -784,20 +797,11 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     cdef acc_t* A
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
-    if store_t is double:
-        if acc_t is float:
-            raise TypeError("compute type does not match the storage type")
-    elif acc_t is double:
-        raise TypeError("compute type does not match the storage type")
-    g.N, g.D, g.H, g.W, g.C = inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3], inp.shape[4]
-    g.Do, g.Ho, g.Wo = grid.shape[1], grid.shape[2], grid.shape[3]
-    fill_strides(g.xs, inp.shape, inp.strides, isz, 5)
+    init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, grad.shape, grad.strides, isz, 5)
-    fill_strides(g.qs, grid.shape, grid.strides, isz, 5)
     fill_strides(g.os, dgrid.shape, dgrid.strides, isz, 5)
     fill_strides(g.ds, dx.shape, dx.strides, isz, 5)
     fill_strides(g.as_, dx_acc.shape, dx_acc.strides, sizeof(acc_t), 4)
-    g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
     P = g.Do * g.Ho * g.Wo
     if g.N == 0 or not (want_dx or want_dg):
         return
