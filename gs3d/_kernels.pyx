@@ -182,6 +182,46 @@ cdef inline Py_ssize_t key_of(bint ok, Py_ssize_t z0, Py_ssize_t D) noexcept nog
     return z0
 
 
+cdef inline void planes_needed(const store_t* q, Py_ssize_t qo, Py_ssize_t qc, Geo* g,
+                               Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """[lo, hi]: the depth planes a point needs, from its z coordinate alone: the planes of its
+    corners and the plane that owns its grid gradient (planes outside [0, D) never matter)."""
+    cdef double u, m
+    cdef Py_ssize_t zi
+    cdef bint okz = axis_index(ld(q, qo + 2 * qc, g.half_kind), g.D, g, &u, &m, &zi)
+    cdef Py_ssize_t kp = key_of(okz, zi, g.D)
+    lo[0] = min(kp, zi) if okz else kp
+    hi[0] = max(kp, zi + 1) if okz else kp
+
+
+cdef struct Cursor:
+    # output point (od, oh, ow), advanced without divisions
+    Py_ssize_t od, oh, ow
+
+
+cdef inline void cursor_start(Cursor* c, Geo* g, Py_ssize_t p) noexcept nogil:
+    cdef Py_ssize_t rem
+    c.od = p // (g.Ho * g.Wo)
+    rem = p - c.od * g.Ho * g.Wo
+    c.oh = rem // g.Wo
+    c.ow = rem - c.oh * g.Wo
+
+
+cdef inline void cursor_next(Cursor* c, Geo* g) noexcept nogil:
+    c.ow += 1
+    if c.ow == g.Wo:
+        c.ow = 0
+        c.oh += 1
+        if c.oh == g.Ho:
+            c.oh = 0
+            c.od += 1
+
+
+cdef inline Py_ssize_t cursor_offset(Cursor* c, Py_ssize_t* s, Py_ssize_t n) noexcept nogil:
+    """Offset of the point (batch item n) in an array with strides ``s`` (N, Do, Ho, Wo)."""
+    return n * s[0] + c.od * s[1] + c.oh * s[2] + c.ow * s[3]
+
+
 cdef inline void setup_point(const store_t* q, Py_ssize_t qo, Py_ssize_t qc, Geo* g,
                              Corners* k) noexcept nogil:
     """Map the grid point at offset ``qo`` (component stride ``qc``) to its corners."""
@@ -266,11 +306,10 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     are never read or written through (at most prefetched, which cannot fault).
     """
     cdef Corners k
-    cdef Py_ssize_t od, oh, ow, rem, qo, zi, kp, base, abase, i8
+    cdef Cursor cur
+    cdef Py_ssize_t qo, plo, phi, base, abase, i8
     cdef int i, j
     cdef bint full_slab = zlo <= 0 and zhi >= g.D
-    cdef bint okz
-    cdef double uz, mz
     cdef acc_t wx[2]
     cdef acc_t wy[2]
     cdef acc_t wz[2]
@@ -280,33 +319,23 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
         # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
         t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
         t.ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
-    od = p0 // (g.Ho * g.Wo)
-    rem = p0 - od * g.Ho * g.Wo
-    oh = rem // g.Wo
-    ow = rem - oh * g.Wo
+    cursor_start(&cur, g, p0)
     for i in range(cnt):
         if i:
-            ow += 1
-            if ow == g.Wo:
-                ow = 0
-                oh += 1
-                if oh == g.Ho:
-                    oh = 0
-                    od += 1
+            cursor_next(&cur, g)
         t.vd[i] = 0
         t.vs[i] = 0
         t.own[i] = 0
-        qo = n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3]
+        qo = cursor_offset(&cur, g.qs, n)
         if not full_slab:
             # cheap depth-only test first: most points have no corner in this slab
-            okz = axis_index(ld(q, qo + 2 * g.qs[4], hk), g.D, g, &uz, &mz, &zi)
-            kp = key_of(okz, zi, g.D)
-            if not (zlo <= kp < zhi or (okz and zlo - 1 <= zi < zhi)):
+            planes_needed(q, qo, g.qs[4], g, &plo, &phi)
+            if phi < zlo or plo >= zhi:
                 continue
         setup_point(q, qo, g.qs[4], g, &k)
         t.own[i] = do_dg and (own_all or zlo <= k.key < zhi)
-        t.ob[i] = n * g.gs[0] + od * g.gs[1] + oh * g.gs[2] + ow * g.gs[3]
-        t.oq[i] = n * g.os[0] + od * g.os[1] + oh * g.os[2] + ow * g.os[3]
+        t.ob[i] = cursor_offset(&cur, g.gs, n)
+        t.oq[i] = cursor_offset(&cur, g.os, n)
         t.mult[3 * i] = k.mx
         t.mult[3 * i + 1] = k.my
         t.mult[3 * i + 2] = k.mz
@@ -608,32 +637,15 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
 cdef void tile_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t ti,
                       Py_ssize_t* hull) noexcept nogil:
     """hull[2 ti], hull[2 ti + 1]: the lowest and highest depth plane any point of tile ``ti``
-    needs (its corners' planes and the plane that owns its grid gradient)."""
-    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, p, p0 = ti * TILE, od, oh, ow, rem, zi, kp
-    cdef Py_ssize_t lo = g.D, hi = -1, a, b
-    cdef double u, m
-    cdef bint okz
-    od = p0 // (g.Ho * g.Wo)
-    rem = p0 - od * g.Ho * g.Wo
-    oh = rem // g.Wo
-    ow = rem - oh * g.Wo
+    needs (see planes_needed)."""
+    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, p, p0 = ti * TILE, a, b
+    cdef Py_ssize_t lo = g.D, hi = -1
+    cdef Cursor cur
+    cursor_start(&cur, g, p0)
     for p in range(p0, min(P, p0 + TILE)):
         if p > p0:
-            ow += 1
-            if ow == g.Wo:
-                ow = 0
-                oh += 1
-                if oh == g.Ho:
-                    oh = 0
-                    od += 1
-        okz = axis_index(ld(q, n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3]
-                            + 2 * g.qs[4], g.half_kind), g.D, g, &u, &m, &zi)
-        kp = key_of(okz, zi, g.D)
-        a = kp
-        b = kp
-        if okz:
-            a = min(a, zi)
-            b = max(b, zi + 1)
+            cursor_next(&cur, g)
+        planes_needed(q, cursor_offset(&cur, g.qs, n), g.qs[4], g, &a, &b)
         lo = min(lo, a)
         hi = max(hi, b)
     hull[2 * ti] = lo
