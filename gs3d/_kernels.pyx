@@ -256,7 +256,6 @@ cdef inline void setup_point(const store_t* q, Py_ssize_t qo, Py_ssize_t qc, Geo
 # ---------------------------------------------------------------------------------------------
 
 cdef struct Tile:
-    int npts
     Py_ssize_t ob[TILE]          # offset of the point in grad_output / the forward output
     Py_ssize_t oq[TILE]          # offset of the point in grid_grad
     Py_ssize_t xb[TILE]          # input offset of corner 0 (batch included)
@@ -307,14 +306,13 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     """
     cdef Corners k
     cdef Cursor cur
-    cdef Py_ssize_t qo, plo, phi, base, abase, i8
+    cdef Py_ssize_t qo, plo, phi, base, abase
     cdef int i, j
     cdef bint full_slab = zlo <= 0 and zhi >= g.D
     cdef acc_t wx[2]
     cdef acc_t wy[2]
     cdef acc_t wz[2]
     cdef int hk = g.half_kind
-    t.npts = cnt
     for j in range(8):
         # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
         t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
@@ -343,7 +341,6 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
             continue
         base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
         abase = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
-        i8 = 8 * i
         if g.mode == MODE_NEAREST:
             # one corner of weight 1; the grid gradient is exactly zero
             t.mult[3 * i] = t.mult[3 * i + 1] = t.mult[3 * i + 2] = 0.0
@@ -412,7 +409,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     """Forward for the points [p0, p0 + cnt) of batch item ``n``: for every channel,
     out = sum over in-bounds corners, in corner order, of w_k * x_k."""
     cdef Py_ssize_t As[4]
-    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], oc = g.gs[4], i8
+    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], oc = g.gs[4]
     cdef int i, j
     cdef unsigned char v
     cdef acc_t s, w
@@ -421,7 +418,6 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
     if C == 1:
         for i in range(cnt):
-            i8 = 8 * i
             v = t.vs[i]
             if i + AHEAD < cnt and t.vs[i + AHEAD]:
                 prefetch_corners(x, t, i + AHEAD)
@@ -432,7 +428,6 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             st(out, t.ob[i], s, hk)
     elif xc == 1 and oc == 1:
         for i in range(cnt):
-            i8 = 8 * i
             v = t.vs[i]
             if i + AHEAD < cnt and t.vs[i + AHEAD]:
                 prefetch_corners(x, t, i + AHEAD)
@@ -448,7 +443,6 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     else:
         for c in range(C):
             for i in range(cnt):
-                i8 = 8 * i
                 v = t.vs[i]
                 s = 0
                 for j in range(8):
@@ -562,14 +556,13 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef int i, j, slot
     cdef unsigned char vs, vd
     cdef bint bilinear = g.mode == MODE_BILINEAR
-    cdef acc_t goc, w
+    cdef acc_t goc
     cdef acc_t d8[8]
     cdef int hk = g.half_kind
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
     if C == 1:
         # one channel: no channel loops at all (same arithmetic as the general paths)
         for i in range(cnt):
-            i8 = 8 * i
             vs = t.vs[i]
             vd = t.vd[i] if (t.own[i] and bilinear) else 0
             if i + AHEAD < cnt and (t.vs[i + AHEAD] or t.own[i + AHEAD]):
@@ -589,7 +582,6 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     if xc == 1 and gc == 1 and ac == 1:
         # channels contiguous: per point, short vector loops over the channels of each corner
         for i in range(cnt):
-            i8 = 8 * i
             vs = t.vs[i]
             vd = t.vd[i] if (t.own[i] and bilinear) else 0
             if i + AHEAD < cnt and (t.vs[i + AHEAD] or t.own[i + AHEAD]):
