@@ -106,7 +106,7 @@ class _Resources:
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
         acc = _compute_dtype(pb.kind)
-        store = np.uint16 if pb.kind in _HALF_KIND else np.dtype("f8" if pb.kind == "f8" else "f4")
+        store = np.uint16 if pb.kind in _HALF_KIND else acc     # float32/64 store what they compute
         D, H, W = pb.in_spatial
         self.pb = pb
         self.nt = nt
