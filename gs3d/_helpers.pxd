@@ -30,8 +30,10 @@ cdef extern from *:
     }
     #if defined(__GNUC__) || defined(__clang__)
     #define gs3d_prefetch(p) __builtin_prefetch((const void*)(p))
+    #define gs3d_prefetch_w(p) __builtin_prefetch((const void*)(p), 1)
     #else
     #define gs3d_prefetch(p) ((void)0)
+    #define gs3d_prefetch_w(p) ((void)0)
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -42,6 +44,7 @@ cdef extern from *:
     float gs3d_bits_to_float(uint32_t u) noexcept nogil
     uint32_t gs3d_float_to_bits(float f) noexcept nogil
     void gs3d_prefetch(const void* p) noexcept nogil
+    void gs3d_prefetch_w(const void* p) noexcept nogil
     int gs3d_cpu_has_avx2() noexcept nogil
 
 # Interpolation and padding codes (the CANN codes).

@@ -29,7 +29,7 @@ from libc.math cimport rint
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
-    map_coord, floor_index, gs3d_prefetch, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
+    map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16,
 )
 
@@ -56,11 +56,11 @@ cdef struct Geo:
 
 cdef enum:
     TILE = 64        # points per tile
-    AHEAD = 6        # prefetch the corners of the point this many ahead
+    AHEAD = 8        # prefetch the corners of the point this many ahead
 
 
 # columns of scratch a kernel needs beyond the C of the channel buffer
-SCRATCH_EXTRA = 32 * TILE
+SCRATCH_EXTRA = 64 * TILE
 
 
 def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P):
@@ -262,6 +262,8 @@ cdef struct Tile:
     Py_ssize_t ab[TILE]          # accumulator offset of corner 0
     Py_ssize_t xd[8]             # offset of corner j from corner 0, input and accumulator
     Py_ssize_t ad[8]
+    Py_ssize_t px_lo, px_n      # byte range of a corner row (x0, x1, channels) in the input
+    Py_ssize_t pa_lo, pa_n      # and in the accumulator, for prefetching
     double f[6 * TILE]           # wx0, wx1, wy0, wy1, wz0, wz1 (values of the compute type)
     double mult[3 * TILE]        # grid-gradient multipliers
     unsigned char vd[TILE]       # bit j: corner j in bounds (gathered for the grid gradient)
@@ -285,14 +287,38 @@ cdef inline acc_t corner_weight(Tile* t, int i, int j, acc_t* type_only) noexcep
     return <acc_t>f[j & 1] * (<acc_t>f[2 + ((j >> 1) & 1)] * <acc_t>f[4 + (j >> 2)])
 
 
-cdef inline void prefetch_corners(const store_t* x, Tile* t, int i) noexcept nogil:
-    """Ask for the four cache lines holding point i's corners (x0 and x1 share a line mostly).
+cdef inline void prefetch_span(const char* p, Py_ssize_t lo, Py_ssize_t nbytes,
+                               bint for_write) noexcept nogil:
+    """Ask for the cache lines of the bytes [p + lo, p + lo + nbytes)."""
+    cdef Py_ssize_t b
+    p = p + lo
+    for b in range(0, nbytes, 64):
+        if for_write:
+            gs3d_prefetch_w(p + b)
+        else:
+            gs3d_prefetch(p + b)
+
+
+cdef inline void prefetch_corners(const store_t* x, acc_t* A, Tile* t, int i, bint gather,
+                                  bint scatter) noexcept nogil:
+    """Ask for the cache lines of point i's corners: the input rows it gathers from and the
+    accumulator rows it scatters into (each row: corners x0 and x1 with all their channels).
     Only called for points whose corner offsets were set."""
-    if t.vd[i]:
-        gs3d_prefetch(&x[xo(t, i, 0)])
-        gs3d_prefetch(&x[xo(t, i, 2)])
-        gs3d_prefetch(&x[xo(t, i, 4)])
-        gs3d_prefetch(&x[xo(t, i, 6)])
+    cdef int r
+    for r in range(4):
+        if gather:
+            prefetch_span(<const char*>&x[xo(t, i, 2 * r)], t.px_lo, t.px_n, False)
+        if scatter:
+            prefetch_span(<const char*>&A[ao(t, i, 2 * r)], t.pa_lo, t.pa_n, True)
+
+
+cdef inline void row_span(Py_ssize_t step, Py_ssize_t C, Py_ssize_t cstride, Py_ssize_t isz,
+                          Py_ssize_t* lo, Py_ssize_t* nbytes) noexcept nogil:
+    """Byte range, relative to corner x0, of corners x0 and x1 (``step`` apart) with their
+    channels (all of them when contiguous, else the first only)."""
+    cdef Py_ssize_t span = C if cstride == 1 else 1
+    lo[0] = (step if step < 0 else 0) * isz
+    nbytes[0] = ((step if step > 0 else -step) + span) * isz
 
 
 cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
@@ -317,6 +343,8 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
         # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
         t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
         t.ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
+    row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
+    row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
     cursor_start(&cur, g, p0)
     for i in range(cnt):
         if i:
@@ -420,7 +448,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
         for i in range(cnt):
             v = t.vs[i]
             if i + AHEAD < cnt and t.vs[i + AHEAD]:
-                prefetch_corners(x, t, i + AHEAD)
+                prefetch_corners(x, scratch, t, i + AHEAD, True, False)
             s = 0
             for j in range(8):
                 if (v >> j) & 1:
@@ -430,7 +458,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
         for i in range(cnt):
             v = t.vs[i]
             if i + AHEAD < cnt and t.vs[i + AHEAD]:
-                prefetch_corners(x, t, i + AHEAD)
+                prefetch_corners(x, scratch, t, i + AHEAD, True, False)
             for c in range(C):
                 scratch[c] = 0
             for j in range(8):
@@ -498,31 +526,36 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
 # backward
 # ---------------------------------------------------------------------------------------------
 
+cdef inline acc_t lane_sum(const acc_t* s) noexcept nogil:
+    """The fixed reduction tree of eight channel partial sums (see dot_channels)."""
+    return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
+
+
 cdef inline acc_t dot_channels(const acc_t* go, const store_t* x, Py_ssize_t off, Py_ssize_t xc,
                                Py_ssize_t C, int hk) noexcept nogil:
-    """sum_c go[c] * x[off + c * xc] in a fixed order: four interleaved partial sums, then
-    ((s0 + s1) + (s2 + s3)).  The same order for every stride, so results never depend on the
-    layout, and the unit-stride loop vectorises without -ffast-math."""
-    cdef acc_t s0 = 0, s1 = 0, s2 = 0, s3 = 0
+    """sum_c go[c] * x[off + c * xc] in a fixed order: eight interleaved partial sums (channel
+    c of the first C - C % 8 goes to lane c % 8, the rest to lane 0), then ``lane_sum``.  The
+    same order for every stride, so results never depend on the layout, and the unit-stride
+    loop vectorises (one 8-wide vector of partial sums) without -ffast-math."""
+    cdef acc_t s[8]
     cdef Py_ssize_t c = 0
+    cdef int l
+    for l in range(8):
+        s[l] = 0
     if xc == 1:
-        while c + 4 <= C:
-            s0 = s0 + go[c] * <acc_t>ld(x, off + c, hk)
-            s1 = s1 + go[c + 1] * <acc_t>ld(x, off + c + 1, hk)
-            s2 = s2 + go[c + 2] * <acc_t>ld(x, off + c + 2, hk)
-            s3 = s3 + go[c + 3] * <acc_t>ld(x, off + c + 3, hk)
-            c += 4
+        while c + 8 <= C:
+            for l in range(8):
+                s[l] = s[l] + go[c + l] * <acc_t>ld(x, off + c + l, hk)
+            c += 8
     else:
-        while c + 4 <= C:
-            s0 = s0 + go[c] * <acc_t>ld(x, off + c * xc, hk)
-            s1 = s1 + go[c + 1] * <acc_t>ld(x, off + (c + 1) * xc, hk)
-            s2 = s2 + go[c + 2] * <acc_t>ld(x, off + (c + 2) * xc, hk)
-            s3 = s3 + go[c + 3] * <acc_t>ld(x, off + (c + 3) * xc, hk)
-            c += 4
+        while c + 8 <= C:
+            for l in range(8):
+                s[l] = s[l] + go[c + l] * <acc_t>ld(x, off + (c + l) * xc, hk)
+            c += 8
     while c < C:
-        s0 = s0 + go[c] * <acc_t>ld(x, off + c * xc, hk)
+        s[0] = s[0] + go[c] * <acc_t>ld(x, off + c * xc, hk)
         c += 1
-    return (s0 + s1) + (s2 + s3)
+    return lane_sum(s)
 
 
 cdef inline void axpy_channels(acc_t* A, Py_ssize_t off, Py_ssize_t ac, acc_t w, const acc_t* go,
@@ -546,13 +579,13 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     Scatters into the accumulator ``A`` (axes D, H, W, C with strides ``As``, already offset to
     batch item n) the corners whose depth index is in [zlo, zhi), and writes the grid gradient of
     the points this call owns: all of them when ``own_all``, else those whose key plane is in
-    [zlo, zhi).  ``go`` holds C values, ``dots`` 32 * TILE, of the compute type.
+    [zlo, zhi).  ``go`` holds C values, ``dots`` 64 * TILE, of the compute type.
 
     Both channel loops below give bitwise the same results: the channel dot products use the
-    same four interleaved partial sums, and each input-gradient element receives the tile's
+    same eight interleaved partial sums, and each input-gradient element receives the tile's
     contributions in point order.
     """
-    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], gc = g.gs[4], ac = As[3], C4 = C - C % 4, i8
+    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], gc = g.gs[4], ac = As[3], C8 = C - C % 8, i8
     cdef int i, j, slot
     cdef unsigned char vs, vd
     cdef bint bilinear = g.mode == MODE_BILINEAR
@@ -565,8 +598,8 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         for i in range(cnt):
             vs = t.vs[i]
             vd = t.vd[i] if (t.own[i] and bilinear) else 0
-            if i + AHEAD < cnt and (t.vs[i + AHEAD] or t.own[i + AHEAD]):
-                prefetch_corners(x, t, i + AHEAD)
+            if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
+                prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] != 0, t.vs[i + AHEAD] != 0)
             if vs or vd:
                 goc = <acc_t>ld(grad, t.ob[i], hk)
             if t.own[i]:
@@ -584,8 +617,8 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         for i in range(cnt):
             vs = t.vs[i]
             vd = t.vd[i] if (t.own[i] and bilinear) else 0
-            if i + AHEAD < cnt and (t.vs[i + AHEAD] or t.own[i + AHEAD]):
-                prefetch_corners(x, t, i + AHEAD)
+            if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
+                prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] != 0, t.vs[i + AHEAD] != 0)
             if vs or vd:
                 for c in range(C):
                     go[c] = <acc_t>ld(grad, t.ob[i] + c, hk)
@@ -599,11 +632,11 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                     axpy_channels(A, ao(t, i, j), 1, corner_weight(t, i, j, A), go, C)
         return
     # channels strided (NCDHW): channels outermost, so every inner loop stays in one channel
-    # plane; points x corners x 4 partial sums of the dot products live in ``dots``
-    for i in range(32 * cnt):
+    # plane; points x corners x 8 partial sums of the dot products live in ``dots``
+    for i in range(64 * cnt):
         dots[i] = 0
     for c in range(C):
-        slot = <int>(c & 3) if c < C4 else 0
+        slot = <int>(c & 7) if c < C8 else 0
         for i in range(cnt):
             i8 = 8 * i
             vs = t.vs[i]
@@ -613,7 +646,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             goc = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
             for j in range(8):
                 if (vd >> j) & 1:
-                    dots[4 * (i8 + j) + slot] = dots[4 * (i8 + j) + slot] + goc * <acc_t>ld(
+                    dots[8 * (i8 + j) + slot] = dots[8 * (i8 + j) + slot] + goc * <acc_t>ld(
                         x, xo(t, i, j) + c * xc, hk)
             for j in range(8):
                 if (vs >> j) & 1:
@@ -621,8 +654,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     for i in range(cnt):
         if t.own[i]:
             for j in range(8):
-                d8[j] = ((dots[4 * (8 * i + j)] + dots[4 * (8 * i + j) + 1])
-                         + (dots[4 * (8 * i + j) + 2] + dots[4 * (8 * i + j) + 3]))
+                d8[j] = lane_sum(&dots[8 * (8 * i + j)])
             grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
 
 
