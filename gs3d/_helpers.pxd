@@ -29,12 +29,83 @@ cdef extern from *:
     #endif
     }
     #if defined(__GNUC__) || defined(__clang__)
+    #define GS3D_ALWAYS_INLINE static inline __attribute__((always_inline))
+    #else
+    #define GS3D_ALWAYS_INLINE static inline
+    #endif
+    #if defined(__GNUC__) || defined(__clang__)
     #define gs3d_prefetch(p) __builtin_prefetch((const void*)(p))
     #define gs3d_prefetch_w(p) __builtin_prefetch((const void*)(p), 1)
     #else
     #define gs3d_prefetch(p) ((void)0)
     #define gs3d_prefetch_w(p) ((void)0)
     #endif
+    /* Map one axis of cnt points under bilinear zeros or border padding (SPEC, "Coordinate
+       mapping"): the same arithmetic as map_coord, as one loop of selects the compiler can
+       vectorise.  Writes the floor of u clamped to [-2, size + 1] (fidx), u - fidx (frac), the
+       grid-gradient factor (mult, 0 when clipped or dead) and 1.0 / 0.0 for "samples something"
+       (okf).  A dead point gets u = 0 and factor 0. */
+    GS3D_ALWAYS_INLINE double gs3d_floor(double v) {
+    #if defined(__SSE4_1__) || !(defined(__x86_64__) || defined(__i386__))
+        return __builtin_floor(v);
+    #else
+        double t = (double)(long long)v;    /* |v| is small here: the cast cannot overflow */
+        return t - (t > v);
+    #endif
+    }
+    /* flags of map_axis: 1 samples something, 2 corner 0 in bounds, 4 corner 1 in bounds */
+    static void gs3d_axis_flags(const double* __restrict fidx, const double* __restrict okf,
+                                int cnt, double sz, unsigned char* __restrict flags) {
+        const double hi = sz - 1.0;
+        int i;
+        for (i = 0; i < cnt; i++) {
+            double fl = fidx[i];
+            int ok = okf[i] != 0.0;
+            flags[i] = (unsigned char)(ok | ((ok & (fl >= 0.0) & (fl < sz)) << 1)
+                                       | ((ok & (fl >= -1.0) & (fl < hi)) << 2));
+        }
+    }
+    GS3D_ALWAYS_INLINE void gs3d_axis1(
+            double gv, double sz, double hi, double m0, const int align, const int border,
+            double* frac, double* mult, double* fidx, double* okf) {
+        double u = align ? (gv + 1.0) / 2.0 * hi : ((gv + 1.0) * sz - 1.0) / 2.0;
+        double m = m0, uc, fl;
+        int ok;
+        if (border) {
+            /* an infinity goes to its edge; NaN stays NaN and samples nothing */
+            double edge = gv < 0.0 ? 0.0 : hi;
+            u = (gv - gv == 0.0) ? u : edge;
+            m = ((u > 0.0) & (u < hi)) ? m : 0.0;
+            u = u <= 0.0 ? 0.0 : u;
+            u = u >= hi ? hi : u;
+            ok = gv == gv;
+        } else {
+            ok = gv - gv == 0.0;
+        }
+        m = ok ? m : 0.0;
+        u = ok ? u : 0.0;
+        uc = u < -2.0 ? -2.0 : u;
+        uc = uc > sz + 1.0 ? sz + 1.0 : uc;
+        fl = gs3d_floor(uc);
+        *fidx = fl;
+        *frac = u - fl;
+        *mult = m;
+        *okf = ok ? 1.0 : 0.0;
+    }
+    static void gs3d_map_axis_linear(const double* __restrict gin, int cnt, double sz, int align,
+                                     int border, double* __restrict frac,
+                                     double* __restrict mult, double* __restrict fidx,
+                                     double* __restrict okf, unsigned char* __restrict flags) {
+        const double hi = sz - 1.0, m0 = align ? hi / 2.0 : sz / 2.0;
+        int i;
+        /* one loop per (align, border) so each is a straight run of selects */
+    #define GS3D_AXIS_LOOP(A, B) for (i = 0; i < cnt; i++) \
+            gs3d_axis1(gin[i], sz, hi, m0, A, B, &frac[i], &mult[i], &fidx[i], &okf[i])
+        if (align) { if (border) GS3D_AXIS_LOOP(1, 1); else GS3D_AXIS_LOOP(1, 0); }
+        else { if (border) GS3D_AXIS_LOOP(0, 1); else GS3D_AXIS_LOOP(0, 0); }
+    #undef GS3D_AXIS_LOOP
+        gs3d_axis_flags(fidx, okf, cnt, sz, flags);
+    }
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
@@ -46,6 +117,9 @@ cdef extern from *:
     void gs3d_prefetch(const void* p) noexcept nogil
     void gs3d_prefetch_w(const void* p) noexcept nogil
     int gs3d_cpu_has_avx2() noexcept nogil
+    void gs3d_map_axis_linear(const double* gin, int cnt, double sz, int align, int border,
+                              double* frac, double* mult, double* fidx, double* okf,
+                              unsigned char* flags) noexcept nogil
 
 # Interpolation and padding codes (the CANN codes).
 cdef enum:

@@ -25,12 +25,12 @@ the serial loop.  The slab boundaries are chosen from a sample of the grid so th
 similar amounts of work.
 """
 from cython.parallel cimport prange, threadid
-from libc.math cimport rint
+from libc.math cimport rint, floor
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
-    HALF_BF16,
+    HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear,
 )
 
 ctypedef fused store_t:
@@ -148,17 +148,6 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
 # per-point set-up
 # ---------------------------------------------------------------------------------------------
 
-cdef struct Corners:
-    # bilinear: corner 0 index and in-bounds flags per axis, fractional weights per axis;
-    # nearest: the rounded index in x0/y0/z0 and its flag in vx0/vy0/vz0
-    Py_ssize_t x0, y0, z0
-    bint vx0, vx1, vy0, vy1, vz0, vz1
-    double wx1, wy1, wz1      # east/south/bottom fractions (ix - x0 ...), exact in double
-    double mx, my, mz         # grid-gradient multipliers
-    bint valid                # False: the point samples nothing
-    Py_ssize_t key            # depth plane owning the point's grid gradient (from z alone)
-
-
 cdef inline bint axis_index(double gv, Py_ssize_t size, Geo* g, double* u, double* m,
                             Py_ssize_t* i0) noexcept nogil:
     """Map one normalised coordinate; ``i0`` gets floor(u) (bilinear) or round(u) (nearest)."""
@@ -222,35 +211,6 @@ cdef inline Py_ssize_t cursor_offset(Cursor* c, Py_ssize_t* s, Py_ssize_t n) noe
     return n * s[0] + c.od * s[1] + c.oh * s[2] + c.ow * s[3]
 
 
-cdef inline void setup_point(const store_t* q, Py_ssize_t qo, Py_ssize_t qc, Geo* g,
-                             Corners* k) noexcept nogil:
-    """Map the grid point at offset ``qo`` (component stride ``qc``) to its corners."""
-    cdef double ix, iy, iz
-    cdef int hk = g.half_kind
-    cdef bint okz = axis_index(ld(q, qo + 2 * qc, hk), g.D, g, &iz, &k.mz, &k.z0)
-    cdef bint oky = axis_index(ld(q, qo + qc, hk), g.H, g, &iy, &k.my, &k.y0)
-    cdef bint okx = axis_index(ld(q, qo, hk), g.W, g, &ix, &k.mx, &k.x0)
-    k.key = key_of(okz, k.z0, g.D)
-    k.valid = okx and oky and okz
-    if not k.valid:
-        # samples nothing: grid gradient exactly +0 on every axis
-        k.mx = k.my = k.mz = 0.0
-        k.vx0 = k.vx1 = k.vy0 = k.vy1 = k.vz0 = k.vz1 = False
-        return
-    k.vx0 = 0 <= k.x0 < g.W
-    k.vy0 = 0 <= k.y0 < g.H
-    k.vz0 = 0 <= k.z0 < g.D
-    if g.mode == MODE_NEAREST:
-        k.vx1 = k.vy1 = k.vz1 = False
-        return
-    k.wx1 = ix - <double>k.x0
-    k.wy1 = iy - <double>k.y0
-    k.wz1 = iz - <double>k.z0
-    k.vx1 = -1 <= k.x0 < g.W - 1
-    k.vy1 = -1 <= k.y0 < g.H - 1
-    k.vz1 = -1 <= k.z0 < g.D - 1
-
-
 # ---------------------------------------------------------------------------------------------
 # tiles: the set-up of TILE points at once, then the channel work
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +225,12 @@ cdef struct Tile:
     Py_ssize_t px_lo, px_n      # byte range of a corner row (x0, x1, channels) in the input
     Py_ssize_t pa_lo, pa_n      # and in the accumulator, for prefetching
     double f[6 * TILE]           # wx0, wx1, wy0, wy1, wz0, wz1 (values of the compute type)
-    double mult[3 * TILE]        # grid-gradient multipliers
+    double mult[3 * TILE]        # grid-gradient multipliers, axis-major (x of every point, y, z)
+    double cx[3 * TILE]          # coordinates, axis-major (x of every point, y, z)
+    double fr[3 * TILE]          # fractions u - floor(u), axis-major
+    double fi[3 * TILE]          # corner-0 index per axis (an integer-valued double), axis-major
+    unsigned char fl[3 * TILE]   # AX_* flags per axis, axis-major
+    double tmp[TILE]             # map_axis scratch
     unsigned char vd[TILE]       # bit j: corner j in bounds (gathered for the grid gradient)
     unsigned char vs[TILE]       # bit j: corner j in bounds and in this slab (scattered)
     unsigned char own[TILE]      # 1: this call writes the point's grid gradient
@@ -289,14 +254,19 @@ cdef inline acc_t corner_weight(Tile* t, int i, int j, acc_t* type_only) noexcep
 
 cdef inline void prefetch_span(const char* p, Py_ssize_t lo, Py_ssize_t nbytes,
                                bint for_write) noexcept nogil:
-    """Ask for the cache lines of the bytes [p + lo, p + lo + nbytes)."""
-    cdef Py_ssize_t b
+    """Ask for the cache lines of the bytes [p + lo, p + lo + nbytes) (nbytes > 0)."""
+    cdef Py_ssize_t b = 64
     p = p + lo
-    for b in range(0, nbytes, 64):
-        if for_write:
+    if for_write:
+        gs3d_prefetch_w(p)
+        while b < nbytes:
             gs3d_prefetch_w(p + b)
-        else:
+            b += 64
+    else:
+        gs3d_prefetch(p)
+        while b < nbytes:
             gs3d_prefetch(p + b)
+            b += 64
 
 
 cdef inline void prefetch_corners(const store_t* x, acc_t* A, Tile* t, int i, bint gather,
@@ -321,24 +291,68 @@ cdef inline void row_span(Py_ssize_t step, Py_ssize_t C, Py_ssize_t cstride, Py_
     nbytes[0] = ((step if step > 0 else -step) + span) * isz
 
 
+cdef enum:
+    AX_OK = 1        # map_axis flags: the point samples something along this axis,
+    AX_IN0 = 2       # its corner 0 is in bounds,
+    AX_IN1 = 4       # its corner 1 is in bounds (bilinear only)
+
+
+cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* frac,
+                   double* mult, double* fidx, unsigned char* flags, double* okf) noexcept nogil:
+    """Map one axis of ``cnt`` points: corner-0 index ``fidx`` (floor, or round for nearest,
+    as a double), fraction ``frac`` = u - fidx, grid-gradient factor ``mult`` and flags (bit 0:
+    samples something along this axis, bit 1: corner 0 in bounds, bit 2: corner 1 in bounds).
+
+    Zeros and border padding under bilinear run through gs3d_map_axis_linear (vectorisable
+    loops with the arithmetic of map_coord); reflection and nearest go point by point through
+    map_coord.  A point that samples nothing gets index 0, fraction 0 and factor 0.  The
+    arrays must not overlap; ``okf`` is scratch.
+    """
+    cdef int i
+    cdef double u
+    cdef Py_ssize_t k
+    cdef bint ok
+    if g.mode == MODE_NEAREST or g.padding == PAD_REFLECTION:
+        for i in range(cnt):
+            ok = axis_index(gin[i], size, g, &u, &mult[i], &k)
+            fidx[i] = <double>k
+            frac[i] = u - <double>k if ok else 0.0
+            flags[i] = ((AX_OK if ok else 0) | (AX_IN0 if ok and 0 <= k < size else 0)
+                        | (AX_IN1 if ok and g.mode != MODE_NEAREST and -1 <= k < size - 1 else 0))
+        return
+    gs3d_map_axis_linear(gin, cnt, <double>size, g.align, g.padding == PAD_BORDER, frac, mult,
+                         fidx, okf, flags)
+
+
+cdef inline unsigned char corner_bits(unsigned char fx, unsigned char fy,
+                                      unsigned char fz) noexcept nogil:
+    """In-bounds corners as a bit mask (bit j = corner 4 cz + 2 cy + cx) from axis flags."""
+    return (((0x55 if fx & AX_IN0 else 0) | (0xAA if fx & AX_IN1 else 0))
+            & ((0x33 if fy & AX_IN0 else 0) | (0xCC if fy & AX_IN1 else 0))
+            & ((0x0F if fz & AX_IN0 else 0) | (0xF0 if fz & AX_IN1 else 0)))
+
+
 cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
                      Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx,
                      bint do_dg, bint own_all, Tile* t) noexcept nogil:
     """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n``.
 
-    Weights are computed in the compute type ``acc_t`` (``As_dummy`` only selects it) and kept
-    as doubles, which hold them exactly.  Corners out of bounds get no flag bit; their offsets
-    are never read or written through (at most prefetched, which cannot fault).
+    Three passes: read the tile's coordinates, map each axis for the whole tile (map_axis),
+    then combine the axes point by point without branches.  Weights are computed in the
+    compute type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
+    exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
+    through (at most prefetched, which cannot fault).
     """
-    cdef Corners k
     cdef Cursor cur
-    cdef Py_ssize_t qo, plo, phi, base, abase
+    cdef Py_ssize_t qo, go, oo, qc = g.qs[4], key, x0, y0, z0
     cdef int i, j
-    cdef bint full_slab = zlo <= 0 and zhi >= g.D
-    cdef acc_t wx[2]
-    cdef acc_t wy[2]
-    cdef acc_t wz[2]
+    cdef unsigned char fx, fy, fz, vd, valid, slab
+    cdef acc_t w1
     cdef int hk = g.half_kind
+    cdef bint nearest = g.mode == MODE_NEAREST
+    cdef double* cx = t.cx
+    cdef double* cy = &t.cx[TILE]
+    cdef double* cz = &t.cx[2 * TILE]
     for j in range(8):
         # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
         t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
@@ -346,62 +360,62 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
     row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
     cursor_start(&cur, g, p0)
+    qo = cursor_offset(&cur, g.qs, n)
+    go = cursor_offset(&cur, g.gs, n)
+    oo = cursor_offset(&cur, g.os, n)
     for i in range(cnt):
         if i:
-            cursor_next(&cur, g)
-        t.vd[i] = 0
-        t.vs[i] = 0
-        t.own[i] = 0
-        qo = cursor_offset(&cur, g.qs, n)
-        if not full_slab:
-            # cheap depth-only test first: most points have no corner in this slab
-            planes_needed(q, qo, g.qs[4], g, &plo, &phi)
-            if phi < zlo or plo >= zhi:
-                continue
-        setup_point(q, qo, g.qs[4], g, &k)
-        t.own[i] = do_dg and (own_all or zlo <= k.key < zhi)
-        t.ob[i] = cursor_offset(&cur, g.gs, n)
-        t.oq[i] = cursor_offset(&cur, g.os, n)
-        t.mult[3 * i] = k.mx
-        t.mult[3 * i + 1] = k.my
-        t.mult[3 * i + 2] = k.mz
-        if not k.valid:
+            # next point: one step along Wo, or a wrap onto the next row (offsets recomputed)
+            if cur.ow + 1 < g.Wo:
+                cur.ow += 1
+                qo += g.qs[3]
+                go += g.gs[3]
+                oo += g.os[3]
+            else:
+                cursor_next(&cur, g)
+                qo = cursor_offset(&cur, g.qs, n)
+                go = cursor_offset(&cur, g.gs, n)
+                oo = cursor_offset(&cur, g.os, n)
+        cx[i] = ld(q, qo, hk)
+        cy[i] = ld(q, qo + qc, hk)
+        cz[i] = ld(q, qo + 2 * qc, hk)
+        t.ob[i] = go
+        t.oq[i] = oo
+    map_axis(cx, cnt, g.W, g, t.fr, t.mult, t.fi, t.fl, t.tmp)
+    map_axis(cy, cnt, g.H, g, &t.fr[TILE], &t.mult[TILE], &t.fi[TILE], &t.fl[TILE], t.tmp)
+    map_axis(cz, cnt, g.D, g, &t.fr[2 * TILE], &t.mult[2 * TILE], &t.fi[2 * TILE],
+             &t.fl[2 * TILE], t.tmp)
+    for i in range(cnt):
+        fx, fy, fz = t.fl[i], t.fl[TILE + i], t.fl[2 * TILE + i]
+        valid = fx & fy & fz & AX_OK
+        x0 = <Py_ssize_t>t.fi[i]
+        y0 = <Py_ssize_t>t.fi[TILE + i]
+        z0 = <Py_ssize_t>t.fi[2 * TILE + i]
+        # the depth plane owning the point's grid gradient (key_of, from z alone)
+        key = 0 if not (fz & AX_OK) or z0 < 0 else (g.D - 1 if z0 >= g.D else z0)
+        t.own[i] = do_dg and (own_all or zlo <= key < zhi)
+        t.xb[i] = n * g.xs[0] + z0 * g.xs[1] + y0 * g.xs[2] + x0 * g.xs[3]
+        t.ab[i] = z0 * As[0] + y0 * As[1] + x0 * As[2]
+        if nearest:
+            # one corner of weight 1 (weights (1, 0) on every axis); grid gradient exactly 0
+            t.f[6 * i] = t.f[6 * i + 2] = t.f[6 * i + 4] = 1.0
+            t.f[6 * i + 1] = t.f[6 * i + 3] = t.f[6 * i + 5] = 0.0
+            for j in range(3):
+                t.mult[j * TILE + i] = 0.0
+            t.vd[i] = 0
+            t.vs[i] = 1 if (valid and do_dx and (fx & fy & fz & AX_IN0)
+                            and zlo <= z0 < zhi) else 0
             continue
-        base = n * g.xs[0] + k.z0 * g.xs[1] + k.y0 * g.xs[2] + k.x0 * g.xs[3]
-        abase = k.z0 * As[0] + k.y0 * As[1] + k.x0 * As[2]
-        if g.mode == MODE_NEAREST:
-            # one corner of weight 1; the grid gradient is exactly zero
-            t.mult[3 * i] = t.mult[3 * i + 1] = t.mult[3 * i + 2] = 0.0
-            if k.vx0 and k.vy0 and k.vz0:
-                t.xb[i] = base
-                t.ab[i] = abase
-                # weights (1, 0) on every axis: corner 0 gets 1 * (1 * 1) exactly
-                t.f[6 * i] = t.f[6 * i + 2] = t.f[6 * i + 4] = 1.0
-                t.f[6 * i + 1] = t.f[6 * i + 3] = t.f[6 * i + 5] = 0.0
-                if do_dx and zlo <= k.z0 < zhi:
-                    t.vs[i] = 1
-            continue
-        wx[1] = <acc_t>k.wx1
-        wy[1] = <acc_t>k.wy1
-        wz[1] = <acc_t>k.wz1
-        wx[0] = <acc_t>(1.0 - k.wx1)
-        wy[0] = <acc_t>(1.0 - k.wy1)
-        wz[0] = <acc_t>(1.0 - k.wz1)
-        t.f[6 * i] = wx[0]
-        t.f[6 * i + 1] = wx[1]
-        t.f[6 * i + 2] = wy[0]
-        t.f[6 * i + 3] = wy[1]
-        t.f[6 * i + 4] = wz[0]
-        t.f[6 * i + 5] = wz[1]
-        # in-bounds corners as bit masks (bit j = corner 4 cz + 2 cy + cx), without branches
-        t.vd[i] = (((0x55 if k.vx0 else 0) | (0xAA if k.vx1 else 0))
-                   & ((0x33 if k.vy0 else 0) | (0xCC if k.vy1 else 0))
-                   & ((0x0F if k.vz0 else 0) | (0xF0 if k.vz1 else 0)))
-        if do_dx:
-            t.vs[i] = t.vd[i] & ((0x0F if zlo <= k.z0 < zhi else 0)
-                                 | (0xF0 if zlo <= k.z0 + 1 < zhi else 0))
-        t.xb[i] = base
-        t.ab[i] = abase
+        for j in range(3):
+            # a point that samples nothing has grid gradient exactly +0 on every axis
+            w1 = <acc_t>t.fr[j * TILE + i]
+            t.f[6 * i + 2 * j] = <acc_t>(1.0 - t.fr[j * TILE + i])
+            t.f[6 * i + 2 * j + 1] = w1
+            t.mult[j * TILE + i] = t.mult[j * TILE + i] if valid else 0.0
+        vd = corner_bits(fx, fy, fz) if valid else 0
+        t.vd[i] = vd
+        slab = (0x0F if zlo <= z0 < zhi else 0) | (0xF0 if zlo <= z0 + 1 < zhi else 0)
+        t.vs[i] = vd & slab if do_dx else 0
 
 
 cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, store_t* dq,
@@ -423,9 +437,9 @@ cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, st
             gx = gx + dot * fx if j & 1 else gx - dot * fx
             gy = gy + dot * fy if (j >> 1) & 1 else gy - dot * fy
             gz = gz + dot * fz if j >> 2 else gz - dot * fz
-    st(dq, t.oq[i], <acc_t>t.mult[3 * i] * gx, hk)
-    st(dq, t.oq[i] + qc, <acc_t>t.mult[3 * i + 1] * gy, hk)
-    st(dq, t.oq[i] + 2 * qc, <acc_t>t.mult[3 * i + 2] * gz, hk)
+    st(dq, t.oq[i], <acc_t>t.mult[i] * gx, hk)
+    st(dq, t.oq[i] + qc, <acc_t>t.mult[TILE + i] * gy, hk)
+    st(dq, t.oq[i] + 2 * qc, <acc_t>t.mult[2 * TILE + i] * gz, hk)
 
 
 # ---------------------------------------------------------------------------------------------
