@@ -106,6 +106,22 @@ cdef extern from *:
     #undef GS3D_AXIS_LOOP
         gs3d_axis_flags(fidx, okf, cnt, sz, flags);
     }
+    /* F16C conversions, in the build that has them (the AVX2 variant): exact like the
+       portable routines below, which they replace there.  Signalling NaNs come back quiet,
+       which no result can show: every loaded value goes through arithmetic (which quiets NaNs
+       anyway) and every stored NaN is written as the one quiet NaN of its sign. */
+    #if defined(__F16C__)
+    #include <immintrin.h>
+    #define GS3D_HAVE_F16C 1
+    static inline float gs3d_f16_to_f32_hw(uint16_t h) { return _cvtsh_ss(h); }
+    static inline uint16_t gs3d_f32_to_f16_hw(float f) {
+        return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+    }
+    #else
+    #define GS3D_HAVE_F16C 0
+    static inline float gs3d_f16_to_f32_hw(uint16_t h) { (void)h; return 0.0f; }
+    static inline uint16_t gs3d_f32_to_f16_hw(float f) { (void)f; return 0; }
+    #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
@@ -113,6 +129,9 @@ cdef extern from *:
     int omp_get_max_threads() noexcept nogil
     int omp_get_thread_num() noexcept nogil
     float gs3d_bits_to_float(uint32_t u) noexcept nogil
+    int GS3D_HAVE_F16C
+    float gs3d_f16_to_f32_hw(uint16_t h) noexcept nogil
+    uint16_t gs3d_f32_to_f16_hw(float f) noexcept nogil
     uint32_t gs3d_float_to_bits(float f) noexcept nogil
     void gs3d_prefetch(const void* p) noexcept nogil
     void gs3d_prefetch_w(const void* p) noexcept nogil
@@ -141,6 +160,8 @@ cdef enum:
 # ---------------------------------------------------------------------------------------------
 
 cdef inline float f16_to_f32(uint16_t h) noexcept nogil:
+    if GS3D_HAVE_F16C:
+        return gs3d_f16_to_f32_hw(h)
     cdef uint32_t u = (<uint32_t>(h & 0x7fff)) << 13
     cdef uint32_t e = u & (<uint32_t>0x7c00 << 13)
     u += <uint32_t>(127 - 15) << 23
@@ -153,6 +174,10 @@ cdef inline float f16_to_f32(uint16_t h) noexcept nogil:
 
 
 cdef inline uint16_t f32_to_f16(float f) noexcept nogil:
+    if GS3D_HAVE_F16C:
+        if f != f:                               # NaN: the quiet NaN of its sign
+            return <uint16_t>(0x7e00 | ((gs3d_float_to_bits(f) >> 16) & 0x8000))
+        return gs3d_f32_to_f16_hw(f)
     cdef uint32_t u = gs3d_float_to_bits(f)
     cdef uint32_t sign = u & 0x80000000u
     cdef uint32_t o

@@ -110,33 +110,80 @@ def test_deterministic_switches():
         gs3d.set_deterministic(1)
 
 
-@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-def test_simd_variants_agree_bitwise(layout, dtype):
-    """The AVX2 build (runtime dispatch) and the baseline build give the same bits."""
-    from gs3d import _api, _kernels
+def _kernel_modules():
+    """The baseline and the AVX2 kernel modules (skips where the AVX2 one cannot run)."""
+    from gs3d import _kernels
     try:
         from gs3d import _kernels_avx2
     except ImportError:
         pytest.skip("the AVX2 variant is not built on this platform")
     if not _kernels.cpu_has_avx2():
         pytest.skip("this CPU lacks AVX2/FMA/F16C")
+    return _kernels, _kernels_avx2
+
+
+def _run_with(module, fn):
+    """fn() with gs3d's kernels taken from ``module``."""
+    from gs3d import _api
+    saved = (_api._kernels, _api._FORWARD, _api._BACKWARD)
+    _api._kernels = module
+    _api._FORWARD = {k: module.forward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
+    _api._BACKWARD = {k: module.backward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
+    try:
+        return fn()
+    finally:
+        _api._kernels, _api._FORWARD, _api._BACKWARD = saved
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_simd_variants_agree_bitwise(layout, dtype):
+    """The AVX2 build (runtime dispatch) and the baseline build give the same bits."""
     g, x, q = _case(np.random.default_rng(5), dtype, layout)
     g = np.repeat(g, 6, axis=1 if layout == "NCDHW" else 4)     # C = 18: vector loops + tail
     x = np.repeat(x, 6, axis=1 if layout == "NCDHW" else 4)
-    results = []
-    for module in (_kernels, _kernels_avx2):
-        saved = (_api._kernels, _api._FORWARD, _api._BACKWARD)
-        _api._kernels = module
-        _api._FORWARD = {k: module.forward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
-        _api._BACKWARD = {k: module.backward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
-        try:
-            results.append(gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2)
-                           + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2),))
-        finally:
-            _api._kernels, _api._FORWARD, _api._BACKWARD = saved
+    results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
+                                                                 num_threads=2)
+                         + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2),))
+               for m in _kernel_modules()]
     for a, b in zip(*results):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
+    """The AVX2 build converts float16 with F16C, the baseline with portable bit routines:
+    all 65536 patterns must load alike, and sums of two of them must round alike (and as numpy
+    rounds them), with NaN written as the quiet NaN of its sign."""
+    bits = np.arange(65536, dtype=np.uint16)
+    a = bits.view(np.float16)
+    b = np.random.default_rng(11).permutation(bits).view(np.float16)
+    vol = np.stack([a, b], -1).reshape(65536, 1, 1, 1, 2)    # 65536 volumes of two voxels
+    q = np.zeros((65536, 1, 1, 1, 3), dtype=np.float16)      # x = 0: the midpoint
+    q_first = q.copy()
+    q_first[..., 0] = -1.0                                   # align_corners: voxel 0 exactly
+
+    def run():
+        return (gs3d.grid_sample_3d(vol, q_first, mode="nearest", align_corners=True,
+                                    num_threads=1).ravel(),
+                gs3d.grid_sample_3d(vol, q, align_corners=True, num_threads=1).ravel())
+
+    (first0, mid0), (first, mid) = (_run_with(m, run) for m in _kernel_modules())
+    assert np.array_equal(first0.view(np.uint16), first.view(np.uint16))
+    assert np.array_equal(mid0.view(np.uint16), mid.view(np.uint16))
+    with np.errstate(all="ignore"):
+        # the kernels sum from +0 in corner order, in float32, and round once
+        one = (np.float32(0) + np.float32(1) * a.astype(np.float32)).astype(np.float16)
+        half = np.float32(0.5)
+        two = ((np.float32(0) + half * a.astype(np.float32)) + half * b.astype(np.float32)
+               ).astype(np.float16)
+    for got, want in ((first, one), (mid, two)):
+        nan = np.isnan(want)
+        assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+        sign = (want[nan].view(np.uint16) & 0x8000) if got is first else None
+        assert np.isnan(got[nan]).all()
+        assert np.all(got[nan].view(np.uint16) & 0x7fff == 0x7e00)
+        if sign is not None:
+            assert np.array_equal(got[nan].view(np.uint16) & 0x8000, sign)
 
 
 def test_plan_shared_by_threads_gives_serial_results():
