@@ -871,40 +871,51 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     hull = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)
                                    + g.D * sizeof(double)]
     with nogil:
-        for n in range(g.N):
-            if want_dx:
-                if half_acc:
-                    A = &dx_acc[0, 0, 0, 0]
-                    As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
+        if want_dx and not half_acc and nthreads > 1 and g.N >= nthreads:
+            # enough batch items for every thread: each item is the serial loop on one thread
+            # (its own dx[n], all depth planes), so results are those of one thread, and no
+            # thread repeats another's tile set-up (which depth slabs do on random grids)
+            As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
+            for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
+                slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
+                          &dgrid[0, 0, 0, 0, 0], <acc_t*>&dx[n, 0, 0, 0, 0], As,
+                          &scratch[threadid(), 0], &g, &tiles[threadid()], n, 0, g.D, want_dg,
+                          <unsigned short*>&dx[0, 0, 0, 0, 0], NULL)
+        else:
+            for n in range(g.N):
+                if want_dx:
+                    if half_acc:
+                        A = &dx_acc[0, 0, 0, 0]
+                        As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
+                    else:
+                        A = <acc_t*>&dx[n, 0, 0, 0, 0]
+                        As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
+                    nt = nthreads if nthreads < g.D else <int>g.D
+                    choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds, cost)
+                    if nt == 1:
+                        # no OpenMP region at all: cheaper for small calls, safe in a forked child
+                        slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
+                                  &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], &g, tiles, n,
+                                  bounds[0], bounds[1], want_dg, <unsigned short*>&dx[0, 0, 0, 0, 0],
+                                  NULL)
+                    else:
+                        for ci in prange(ntiles, schedule='static', num_threads=nt):
+                            tile_planes(&grid[0, 0, 0, 0, 0], &g, n, ci, hull)
+                        for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
+                            slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                      &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
+                                      &scratch[threadid(), 0], &g, &tiles[threadid()], n,
+                                      bounds[t], bounds[t + 1], want_dg,
+                                      <unsigned short*>&dx[0, 0, 0, 0, 0], hull)
                 else:
-                    A = <acc_t*>&dx[n, 0, 0, 0, 0]
-                    As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
-                nt = nthreads if nthreads < g.D else <int>g.D
-                choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds, cost)
-                if nt == 1:
-                    # no OpenMP region at all: cheaper for small calls, safe in a forked child
-                    slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
-                              &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], &g, tiles, n,
-                              bounds[0], bounds[1], want_dg, <unsigned short*>&dx[0, 0, 0, 0, 0],
-                              NULL)
-                else:
-                    for ci in prange(ntiles, schedule='static', num_threads=nt):
-                        tile_planes(&grid[0, 0, 0, 0, 0], &g, n, ci, hull)
-                    for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
-                        slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
-                                  &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
-                                  &scratch[threadid(), 0], &g, &tiles[threadid()], n,
-                                  bounds[t], bounds[t + 1], want_dg,
-                                  <unsigned short*>&dx[0, 0, 0, 0, 0], hull)
-            else:
-                nchunks = (P + TILE - 1) // TILE
-                if nthreads == 1:
-                    for ci in range(nchunks):
-                        grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
-                                        &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
-                                        &scratch[0, 0], &g, tiles, n, ci)
-                else:
-                    for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                        grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
-                                        &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
-                                        &scratch[threadid(), 0], &g, &tiles[threadid()], n, ci)
+                    nchunks = (P + TILE - 1) // TILE
+                    if nthreads == 1:
+                        for ci in range(nchunks):
+                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                            &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
+                                            &scratch[0, 0], &g, tiles, n, ci)
+                    else:
+                        for ci in prange(nchunks, schedule='static', num_threads=nthreads):
+                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                                            &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
+                                            &scratch[threadid(), 0], &g, &tiles[threadid()], n, ci)
