@@ -254,19 +254,17 @@ cdef inline acc_t corner_weight(Tile* t, int i, int j, acc_t* type_only) noexcep
 
 cdef inline void prefetch_span(const char* p, Py_ssize_t lo, Py_ssize_t nbytes,
                                bint for_write) noexcept nogil:
-    """Ask for the cache lines of the bytes [p + lo, p + lo + nbytes) (nbytes > 0)."""
-    cdef Py_ssize_t b = 64
-    p = p + lo
+    """Ask for every cache line that holds a byte of [p + lo, p + lo + nbytes) (nbytes > 0)."""
+    cdef const char* end = p + lo + nbytes
+    p = p + lo - ((<size_t>(p + lo)) & 63)        # start of the first line
     if for_write:
-        gs3d_prefetch_w(p)
-        while b < nbytes:
-            gs3d_prefetch_w(p + b)
-            b += 64
+        while p < end:
+            gs3d_prefetch_w(p)
+            p += 64
     else:
-        gs3d_prefetch(p)
-        while b < nbytes:
-            gs3d_prefetch(p + b)
-            b += 64
+        while p < end:
+            gs3d_prefetch(p)
+            p += 64
 
 
 cdef inline void prefetch_corners(const store_t* x, acc_t* A, Tile* t, int i, bint gather,
