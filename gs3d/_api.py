@@ -102,7 +102,7 @@ class _Resources:
     """Everything a kernel call needs besides its arrays (owned by a plan, or made per call)."""
 
     __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
-                 "dummy_dg")
+                 "dummy_dg", "cl", "xcl")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
         acc = _compute_dtype(pb.kind)
@@ -114,29 +114,40 @@ class _Resources:
         self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
         self.workspace = np.empty(_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial)),
                                   dtype=np.uint8)
-        if want_dx and pb.kind in _HALF_KIND:
+        # NCDHW with many channels runs through channels-last copies (see the kernels):
+        # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
+        # input_grad[n] when that is contiguous, else in ``xcl``
+        self.cl = not pb.channels_last and _kernels.channels_last_pays(
+            pb.C, D, H, W, math.prod(pb.out_spatial))
+        if want_dx and self.cl:
+            self.dx_acc = np.empty((D, H, W, pb.C), dtype=acc)
+        elif want_dx and pb.kind in _HALF_KIND:
             # float32 accumulator for one batch item, in the memory order of input_grad
             self.dx_acc = _ndhwc(np.empty(volume_shape(1, pb.C, (D, H, W), pb.channels_last),
                                           dtype=acc), pb.channels_last)[0]
         else:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
+        self.xcl = np.empty(D * H * W * pb.C if self.cl and not want_dx else 1, dtype=store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc, self.dummy_dx,
-                                      self.dummy_dg))
+        return sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc, self.xcl,
+                                      self.dummy_dx, self.dummy_dg))
 
     def forward(self, x, q, out) -> None:
         pb = self.pb
         _FORWARD[pb.kind](
             _ndhwc(_storage(x, pb.kind), pb.channels_last), _storage(q, pb.kind),
             _ndhwc(_storage(out, pb.kind), pb.channels_last), self.scratch, self.workspace,
-            pb.mode, pb.padding, pb.align, self.half_kind, self.nt)
+            pb.mode, pb.padding, pb.align, self.half_kind, self.nt, self.xcl)
 
     def backward(self, g, x, q, dx, dg) -> None:
         pb, cl = self.pb, self.pb.channels_last
+        if self.cl and dx is not None and self.xcl.size == 1 and not dx.flags.c_contiguous:
+            # the input copy cannot live in this input_grad: a buffer for it, once
+            self.xcl = np.empty(self.dx_acc.size, dtype=self.xcl.dtype)
         _BACKWARD[pb.kind](
             _ndhwc(_storage(g, pb.kind), cl), _ndhwc(_storage(x, pb.kind), cl),
             _storage(q, pb.kind),
@@ -144,7 +155,7 @@ class _Resources:
             self.dummy_dg if dg is None else _storage(dg, pb.kind),
             self.dx_acc, self.scratch, self.workspace,
             pb.mode, pb.padding, pb.align, self.half_kind, dx is not None, dg is not None,
-            self.nt)
+            self.nt, self.xcl)
 
 
 # GNU OpenMP cannot start a parallel region in a child forked after the parent used threads

@@ -57,10 +57,25 @@ cdef struct Geo:
 cdef enum:
     TILE = 64        # points per tile
     AHEAD = 8        # prefetch the corners of the point this many ahead
+    XBLOCK = 16      # voxels along W per block of the channels-last transpositions
+    STAGE = 64 * TILE    # values of compute type in a thread's scratch beyond its C
+
+# NCDHW (channel stride not 1) runs through channels-last memory when it has at least
+# TRANSPOSE_MIN_C channels and the output has at least 1 / TRANSPOSE_MIN_FILL as many points as
+# the input volume: input[n] is copied channels-last, input_grad[n] accumulated channels-last and
+# transposed back at the end.  Those copies cost a few passes over the volume (input, and for the
+# input gradient the write-back); the channel-outermost loop they replace costs per output point,
+# several times more than the channels-last loop for C >= 8 but about the same for C <= 4.
+# Measured at one thread (64^3 input, C = 8 and 32, smooth and random grids): with P at 0.42 and
+# 0.24 of the volume the copies won 1.0-4x in all but one case (grid gradient only, C = 8:
+# 0.84x); at 0.125 they lost up to 0.7x on smooth grids, at 0.03 up to 0.4x.
+cdef enum:
+    TRANSPOSE_MIN_C = 8
+    TRANSPOSE_MIN_FILL = 4
 
 
 # columns of scratch a kernel needs beyond the C of the channel buffer
-SCRATCH_EXTRA = 64 * TILE
+SCRATCH_EXTRA = STAGE
 
 
 def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P):
@@ -69,6 +84,19 @@ def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P):
     of every tile (the last three for the threaded backward)."""
     return (nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
             + 2 * ((P + TILE - 1) // TILE) * sizeof(Py_ssize_t))
+
+
+cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
+                                    Py_ssize_t P) noexcept nogil:
+    return C >= TRANSPOSE_MIN_C and P * TRANSPOSE_MIN_FILL >= D * H * W
+
+
+def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P):
+    """True when a volume (C, D, H, W) whose channel stride is not 1, sampled at ``P`` points
+    per batch item, runs through channels-last copies (the buffers of those copies come from
+    gs3d._api: a (D, H, W, C) accumulator of the compute type for the input gradient, and a
+    D * H * W * C storage-type buffer for the input copy when it cannot live in input_grad)."""
+    return bool(channels_last_rule(C, D, H, W, P))
 
 
 def cpu_has_avx2():
@@ -142,6 +170,67 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
         g.as_[k] = 0
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
     return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# channels-last copies (NCDHW with many channels, see TRANSPOSE_MIN_C)
+# ---------------------------------------------------------------------------------------------
+
+cdef bint channels_last_geo(Geo* g, Geo* gT, Py_ssize_t* As) noexcept nogil:
+    """When the input's channel stride is not 1 and channels_last_rule holds: fill ``gT`` (``g``
+    with the input strides of a contiguous (D, H, W, C) copy of one batch item) and ``As`` (the
+    strides of a channels-last accumulator) and return True."""
+    if g.xs[4] == 1 or not channels_last_rule(g.C, g.D, g.H, g.W, g.Do * g.Ho * g.Wo):
+        return False
+    gT[0] = g[0]
+    gT.xs[0] = 0
+    gT.xs[1] = As[0] = g.H * g.W * g.C
+    gT.xs[2] = As[1] = g.W * g.C
+    gT.xs[3] = As[2] = g.C
+    gT.xs[4] = As[3] = 1
+    return True
+
+
+cdef bint dense_strides(const Py_ssize_t* s, const Py_ssize_t* shape, int ndim) noexcept nogil:
+    """True when axes of these element strides (0 for axes of size 1, as fill_strides makes
+    them) tile one contiguous block of prod(shape) elements, in any axis order, upwards."""
+    cdef Py_ssize_t extent = 1
+    cdef int k, j, best
+    cdef bint used[8]
+    for k in range(ndim):
+        used[k] = shape[k] <= 1
+    for j in range(ndim):
+        best = -1
+        for k in range(ndim):
+            if not used[k] and (best < 0 or s[k] < s[best]):
+                best = k
+        if best < 0:
+            break
+        if s[best] != extent:
+            return False
+        used[best] = True
+        extent *= shape[best]
+    return True
+
+
+cdef void transpose_planes(const store_t* x, Geo* g, store_t* xT, Py_ssize_t zlo,
+                           Py_ssize_t zhi) noexcept nogil:
+    """Copy the depth planes [zlo, zhi) of one batch item of the input (``x`` points at its
+    first element, strides ``g.xs``) into the contiguous (D, H, W, C) buffer ``xT``, blocked over
+    W so that every cache line of a channel row is read in one go."""
+    cdef Py_ssize_t z, y, x0, x1, xx, c, o, d, C = g.C
+    cdef Py_ssize_t xs1 = g.xs[1], xs2 = g.xs[2], xs3 = g.xs[3], xs4 = g.xs[4]
+    for z in range(zlo, zhi):
+        for y in range(g.H):
+            o = z * xs1 + y * xs2
+            d = (z * g.H + y) * g.W * C
+            x0 = 0
+            while x0 < g.W:
+                x1 = min(x0 + <Py_ssize_t>XBLOCK, g.W)
+                for c in range(C):
+                    for xx in range(x0, x1):
+                        xT[d + xx * C + c] = x[o + xx * xs3 + c * xs4]
+                x0 = x1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -445,14 +534,19 @@ cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, st
 # ---------------------------------------------------------------------------------------------
 
 cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* scratch, Geo* g,
-                       Tile* t, Py_ssize_t n, Py_ssize_t p0, int cnt) noexcept nogil:
+                       Tile* t, Py_ssize_t n, Py_ssize_t p0, int cnt, acc_t* obuf) noexcept nogil:
     """Forward for the points [p0, p0 + cnt) of batch item ``n``: for every channel,
-    out = sum over in-bounds corners, in corner order, of w_k * x_k."""
+    out = sum over in-bounds corners, in corner order, of w_k * x_k.
+
+    ``obuf`` (SCRATCH_EXTRA values of the compute type, or NULL) stages the results of a group
+    of points when the output's channel stride is not 1, so that each channel's run of
+    consecutive points is written in one go instead of C scattered values per point."""
     cdef Py_ssize_t As[4]
     cdef Py_ssize_t c, C = g.C, xc = g.xs[4], oc = g.gs[4]
-    cdef int i, j
+    cdef int i, j, i0, i1, per
     cdef unsigned char v
     cdef acc_t s, w
+    cdef acc_t* r
     cdef int hk = g.half_kind
     As[0] = As[1] = As[2] = As[3] = 0
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
@@ -466,20 +560,35 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                 if (v >> j) & 1:
                     s = s + corner_weight(t, i, j, scratch) * <acc_t>ld(x, xo(t, i, j), hk)
             st(out, t.ob[i], s, hk)
-    elif xc == 1 and oc == 1:
-        for i in range(cnt):
-            v = t.vs[i]
-            if i + AHEAD < cnt and t.vs[i + AHEAD]:
-                prefetch_corners(x, scratch, t, i + AHEAD, True, False)
-            for c in range(C):
-                scratch[c] = 0
-            for j in range(8):
-                if (v >> j) & 1:
-                    w = corner_weight(t, i, j, scratch)
+    elif xc == 1:
+        # channels contiguous in the input (NDHWC, or the channels-last copy of NCDHW); the
+        # output may have any channel stride
+        per = 0
+        if oc != 1 and obuf != NULL:
+            per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C))
+        i0 = 0
+        while i0 < cnt:
+            i1 = min(cnt, i0 + per) if per else cnt
+            for i in range(i0, i1):
+                r = &obuf[(i - i0) * C] if per else scratch
+                v = t.vs[i]
+                if i + AHEAD < cnt and t.vs[i + AHEAD]:
+                    prefetch_corners(x, scratch, t, i + AHEAD, True, False)
+                for c in range(C):
+                    r[c] = 0
+                for j in range(8):
+                    if (v >> j) & 1:
+                        w = corner_weight(t, i, j, scratch)
+                        for c in range(C):
+                            r[c] = r[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
+                if not per:
                     for c in range(C):
-                        scratch[c] = scratch[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
-            for c in range(C):
-                st(out, t.ob[i] + c, scratch[c], hk)
+                        st(out, t.ob[i] + c * oc, r[c], hk)
+            if per:
+                for c in range(C):
+                    for i in range(i0, i1):
+                        st(out, t.ob[i] + c * oc, obuf[(i - i0) * C + c], hk)
+            i0 = i1
     else:
         for c in range(C):
             for i in range(cnt):
@@ -492,24 +601,30 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
 
 
 cdef void forward_chunk(const store_t* x, const store_t* q, store_t* out, acc_t* scratch, Geo* g,
-                        Tile* t, Py_ssize_t ci, Py_ssize_t per_n) noexcept nogil:
+                        Tile* t, Py_ssize_t ci, Py_ssize_t per_n, acc_t* obuf) noexcept nogil:
     """Tile ``ci`` of the flattened (batch, tile) range."""
     cdef Py_ssize_t n = ci // per_n
     cdef Py_ssize_t p0 = (ci - n * per_n) * TILE
     forward_tile(x, q, out, scratch, g, t, n, p0,
-                 <int>min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0))
+                 <int>min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0), obuf)
 
 
 def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
             store_t[:, :, :, :, :] out, acc_t[:, ::1] scratch, unsigned char[::1] workspace,
-            int mode, int padding, bint align, int half_kind, int nthreads):
+            int mode, int padding, bint align, int half_kind, int nthreads, store_t[::1] xcl):
     """out[n, do, ho, wo, c] = sample of inp at grid[n, do, ho, wo] (axes already NDHWC-ordered).
 
-    ``scratch`` has shape (nthreads, C) of the compute type.
+    ``scratch`` has shape (nthreads, C) of the compute type, or (nthreads, C + SCRATCH_EXTRA)
+    to stage results for an output whose channel stride is not 1.  ``xcl`` receives the
+    channels-last copy of one batch item of ``inp`` when channels_last_pays (and the channel
+    stride is not 1); with fewer than D * H * W * C elements the input is read in place.
     """
     cdef Geo g
-    cdef Py_ssize_t P, per_n, nchunks, ci, n, p0, isz = sizeof(store_t)
+    cdef Geo gT
+    cdef Py_ssize_t P, per_n, nchunks, ci, n, p0, z, isz = sizeof(store_t)
+    cdef Py_ssize_t As[4]
     cdef Tile* tiles
+    cdef bint staged
     init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, out.shape, out.strides, isz, 5)
     P = g.Do * g.Ho * g.Wo
@@ -522,16 +637,38 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     tiles = <Tile*>&workspace[0]
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
+    staged = scratch.shape[1] >= g.C + STAGE
+    if (channels_last_geo(&g, &gT, As) and xcl.shape[0] >= g.D * g.H * g.W * g.C):
+        # batch item by batch item: a channels-last copy of the input, then its tiles
+        with nogil:
+            for n in range(g.N):
+                if nthreads == 1:
+                    transpose_planes(&inp[n, 0, 0, 0, 0], &g, &xcl[0], 0, g.D)
+                    for ci in range(per_n):
+                        forward_chunk(&xcl[0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                                      &scratch[0, 0], &gT, tiles, n * per_n + ci, per_n,
+                                      &scratch[0, g.C] if staged else NULL)
+                else:
+                    for z in prange(g.D, schedule='static', num_threads=nthreads):
+                        transpose_planes(&inp[n, 0, 0, 0, 0], &g, &xcl[0], z, z + 1)
+                    for ci in prange(per_n, schedule='static', num_threads=nthreads):
+                        forward_chunk(&xcl[0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                                      &scratch[threadid(), 0], &gT, &tiles[threadid()],
+                                      n * per_n + ci, per_n,
+                                      &scratch[threadid(), g.C] if staged else NULL)
+        return
     with nogil:
         if nthreads == 1:
             # no OpenMP region at all: cheaper for small calls, and safe in a forked child
             for ci in range(nchunks):
                 forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                              &scratch[0, 0], &g, tiles, ci, per_n)
+                              &scratch[0, 0], &g, tiles, ci, per_n,
+                              &scratch[0, g.C] if staged else NULL)
         else:
             for ci in prange(nchunks, schedule='static', num_threads=nthreads):
                 forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                              &scratch[threadid(), 0], &g, &tiles[threadid()], ci, per_n)
+                              &scratch[threadid(), 0], &g, &tiles[threadid()], ci, per_n,
+                              &scratch[threadid(), g.C] if staged else NULL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,7 +735,8 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     contributions in point order.
     """
     cdef Py_ssize_t c, C = g.C, xc = g.xs[4], gc = g.gs[4], ac = As[3], C8 = C - C % 8, i8
-    cdef int i, j, slot
+    cdef int i, j, slot, i0, i1, per
+    cdef acc_t* gp = go
     cdef unsigned char vs, vd
     cdef bint bilinear = g.mode == MODE_BILINEAR
     cdef acc_t goc
@@ -624,24 +762,42 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 if (vs >> j) & 1:
                     A[ao(t, i, j)] += corner_weight(t, i, j, A) * goc
         return
-    if xc == 1 and gc == 1 and ac == 1:
-        # channels contiguous: per point, short vector loops over the channels of each corner
-        for i in range(cnt):
-            vs = t.vs[i]
-            vd = t.vd[i] if (t.own[i] and bilinear) else 0
-            if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
-                prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] != 0, t.vs[i + AHEAD] != 0)
-            if vs or vd:
+    if xc == 1 and (ac == 1 or not do_dx):
+        # channels contiguous in the input and the accumulator (NDHWC, or the channels-last
+        # copies of NCDHW): per point, short vector loops over the channels of each corner.
+        # grad_output may have any channel stride; when it is not 1, the values of a group of
+        # points are first gathered channel by channel into ``dots`` (64 * TILE values), so
+        # each channel's run of consecutive points is read in one go
+        per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C)) if gc != 1 else 0
+        i0 = 0
+        while i0 < cnt:
+            i1 = min(cnt, i0 + per) if per else cnt
+            if per:
                 for c in range(C):
-                    go[c] = <acc_t>ld(grad, t.ob[i] + c, hk)
-            if t.own[i]:
+                    for i in range(i0, i1):
+                        if t.vs[i] or (t.own[i] and bilinear and t.vd[i]):
+                            dots[(i - i0) * C + c] = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
+            for i in range(i0, i1):
+                vs = t.vs[i]
+                vd = t.vd[i] if (t.own[i] and bilinear) else 0
+                if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
+                    prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] != 0,
+                                     t.vs[i + AHEAD] != 0)
+                if per:
+                    gp = &dots[(i - i0) * C]
+                elif vs or vd:
+                    for c in range(C):
+                        go[c] = <acc_t>ld(grad, t.ob[i] + c, hk)
+                    gp = go
+                if t.own[i]:
+                    for j in range(8):
+                        if (vd >> j) & 1:
+                            d8[j] = dot_channels(gp, x, xo(t, i, j), 1, C, hk)
+                    grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
                 for j in range(8):
-                    if (vd >> j) & 1:
-                        d8[j] = dot_channels(go, x, xo(t, i, j), 1, C, hk)
-                grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
-            for j in range(8):
-                if (vs >> j) & 1:
-                    axpy_channels(A, ao(t, i, j), 1, corner_weight(t, i, j, A), go, C)
+                    if (vs >> j) & 1:
+                        axpy_channels(A, ao(t, i, j), 1, corner_weight(t, i, j, A), gp, C)
+            i0 = i1
         return
     # channels strided (NCDHW): channels outermost, so every inner loop stays in one channel
     # plane; points x corners x 8 partial sums of the dot products live in ``dots``
@@ -708,14 +864,15 @@ cdef void backward_slab(const store_t* grad, const store_t* x, const store_t* q,
 
 cdef void slab_task(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                     acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
-                    Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg, unsigned short* dx16,
+                    Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg, store_t* dx, bint store,
                     const Py_ssize_t* hull) noexcept nogil:
-    """One thread's share of batch item n: zero its dx planes, scatter into them (and write the
-    grid gradient of the points it owns), then round them for 16-bit storage."""
+    """One thread's share of batch item n: zero its accumulator planes, scatter into them (and
+    write the grid gradient of the points it owns), then, with ``store``, write them into
+    ``dx`` (when the accumulator is not dx itself)."""
     zero_planes(A, As, g, zlo, zhi)
     backward_slab(grad, x, q, dq, A, As, work, g, t, n, zlo, zhi, do_dg, hull)
-    if not (store_t is double or store_t is float):
-        round_planes(<float*>A, As, dx16, g, n, zlo, zhi)
+    if store:
+        store_planes(A, As, dx, g, n, zlo, zhi)
 
 
 cdef void grid_grad_chunk(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
@@ -747,27 +904,35 @@ cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize
                         A[o + c * As[3]] = 0
 
 
-cdef inline void round_one(const float* A, Py_ssize_t a, unsigned short* dx, Py_ssize_t d,
-                           int half_kind) noexcept nogil:
-    if half_kind == HALF_BF16:
-        dx[d] = f32_to_bf16(A[a])
-    else:
-        dx[d] = f32_to_f16(A[a])
-
-
-cdef void round_planes(const float* A, Py_ssize_t* As, unsigned short* dx, Geo* g, Py_ssize_t n,
+cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_ssize_t n,
                        Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
-    """Round the float32 accumulator planes [zlo, zhi) once into the 16-bit input_grad."""
-    cdef Py_ssize_t z, y, xx, c, o, d
+    """Write the accumulator planes [zlo, zhi) into input_grad (batch item n), rounded once for
+    16-bit storage, walking the memory of input_grad in order."""
+    cdef Py_ssize_t z, y, xx, x0, x1, c, o, d
     cdef Py_ssize_t* ds = g.ds
+    cdef int hk = g.half_kind
     if ds[4] > ds[3]:              # channels outermost in memory (NCDHW)
+        if As[3] == 1:
+            # channels-last accumulator: a transposition, blocked over W like transpose_planes
+            for z in range(zlo, zhi):
+                for y in range(g.H):
+                    o = z * As[0] + y * As[1]
+                    d = n * ds[0] + z * ds[1] + y * ds[2]
+                    x0 = 0
+                    while x0 < g.W:
+                        x1 = min(x0 + <Py_ssize_t>XBLOCK, g.W)
+                        for c in range(g.C):
+                            for xx in range(x0, x1):
+                                st(dx, d + c * ds[4] + xx * ds[3], A[o + xx * As[2] + c], hk)
+                        x0 = x1
+            return
         for c in range(g.C):
             for z in range(zlo, zhi):
                 for y in range(g.H):
                     o = c * As[3] + z * As[0] + y * As[1]
                     d = n * ds[0] + c * ds[4] + z * ds[1] + y * ds[2]
                     for xx in range(g.W):
-                        round_one(A, o + xx * As[2], dx, d + xx * ds[3], g.half_kind)
+                        st(dx, d + xx * ds[3], A[o + xx * As[2]], hk)
     else:
         for z in range(zlo, zhi):
             for y in range(g.H):
@@ -775,7 +940,7 @@ cdef void round_planes(const float* A, Py_ssize_t* As, unsigned short* dx, Geo* 
                     o = z * As[0] + y * As[1] + xx * As[2]
                     d = n * ds[0] + z * ds[1] + y * ds[2] + xx * ds[3]
                     for c in range(g.C):
-                        round_one(A, o + c * As[3], dx, d + c * ds[4], g.half_kind)
+                        st(dx, d + c * ds[4], A[o + c * As[3]], hk)
 
 
 cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_t* bounds,
@@ -826,25 +991,37 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
              const store_t[:, :, :, :, :] grid, store_t[:, :, :, :, :] dx,
              store_t[:, :, :, :, :] dgrid, acc_t[:, :, :, :] dx_acc, acc_t[:, ::1] scratch,
              unsigned char[::1] workspace, int mode, int padding, bint align, int half_kind,
-             bint want_dx, bint want_dg, int nthreads):
+             bint want_dx, bint want_dg, int nthreads, store_t[::1] xcl):
     """Gradients of the sampling with respect to ``inp`` (into ``dx``) and ``grid`` (``dgrid``).
 
     Axes are NDHWC-ordered views whatever the caller's layout.  ``dx_acc`` (D, H, W, C) is the
-    float32 accumulator used for 16-bit dx (unused otherwise); ``scratch`` is
-    (nthreads, C + SCRATCH_EXTRA); ``workspace`` has ``workspace_bytes(nthreads, D, Do * Ho * Wo)`` bytes.
-    The kernels allocate nothing.
+    accumulator of one batch item: float32 for 16-bit dx, and, for an input whose channel
+    stride is not 1 when channels_last_pays, a contiguous channels-last one of the compute type
+    (otherwise float32/float64 accumulate in dx itself).  ``xcl`` (at least D * H * W * C
+    elements, or a dummy) takes the channels-last copy of the input of that path when it cannot
+    live in dx[n] (dx[n] not one contiguous block, or dx not wanted); without the buffers the
+    kernel reads the input in place.  ``scratch`` is (nthreads, C + SCRATCH_EXTRA);
+    ``workspace`` has ``workspace_bytes(nthreads, D, Do * Ho * Wo)`` bytes.  The kernels
+    allocate nothing.
     """
     cdef Geo g
-    cdef Py_ssize_t isz = sizeof(store_t), P, n, t, chunk, nchunks, ci
+    cdef Geo gT
+    cdef Geo* gp
+    cdef Py_ssize_t isz = sizeof(store_t), P, n, t, chunk, nchunks, ci, z
     cdef Py_ssize_t As[4]
+    cdef Py_ssize_t Acl[4]
+    cdef Py_ssize_t dims[4]
     cdef Py_ssize_t* bounds
     cdef double* cost
     cdef Py_ssize_t* hull
     cdef Py_ssize_t ntiles
     cdef Tile* tiles
     cdef acc_t* A
+    cdef const store_t* xin
+    cdef store_t* xT
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
+    cdef bint cl, in_dx, store
     init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, grad.shape, grad.strides, isz, 5)
     fill_strides(g.os, dgrid.shape, dgrid.strides, isz, 5)
@@ -860,6 +1037,20 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
         raise ValueError("dx accumulator too small")
     if workspace.shape[0] < workspace_bytes(nthreads, g.D, P):
         raise ValueError("workspace too small")
+    # the channels-last path, when it pays and its buffers are there
+    dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
+    cl = channels_last_geo(&g, &gT, Acl)
+    in_dx = False
+    if cl and want_dx:
+        # the accumulator must be a contiguous (D, H, W, C) array
+        cl = dx_acc.shape[0] == g.D and dx_acc.shape[1] == g.H and dx_acc.shape[2] == g.W \
+            and dx_acc.shape[3] == g.C
+        for z in range(4):
+            cl = cl and (dims[z] <= 1 or g.as_[z] == Acl[z])
+        in_dx = dense_strides(&g.ds[1], dims, 4)
+    if cl and not in_dx:
+        cl = xcl.shape[0] >= g.D * g.H * g.W * g.C
+    gp = &gT if cl else &g
     ntiles = (P + TILE - 1) // TILE
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
@@ -869,7 +1060,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     hull = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)
                                    + g.D * sizeof(double)]
     with nogil:
-        if want_dx and not half_acc and nthreads > 1 and g.N >= nthreads:
+        if want_dx and not half_acc and not cl and nthreads > 1 and g.N >= nthreads:
             # enough batch items for every thread: each item is the serial loop on one thread
             # (its own dx[n], all depth planes), so results are those of one thread, and no
             # thread repeats another's tile set-up (which depth slabs do on random grids)
@@ -878,42 +1069,65 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                 slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
                           &dgrid[0, 0, 0, 0, 0], <acc_t*>&dx[n, 0, 0, 0, 0], As,
                           &scratch[threadid(), 0], &g, &tiles[threadid()], n, 0, g.D, want_dg,
-                          <unsigned short*>&dx[0, 0, 0, 0, 0], NULL)
+                          &dx[0, 0, 0, 0, 0], False, NULL)
         else:
             for n in range(g.N):
+                xin = &inp[0, 0, 0, 0, 0]
+                if cl:
+                    # channels-last copy of input[n]: in dx[n]'s own memory (overwritten at the
+                    # end anyway) when it is one block, else in xcl
+                    xT = &dx[n, 0, 0, 0, 0] if in_dx else &xcl[0]
+                    if nthreads == 1:
+                        transpose_planes(&inp[n, 0, 0, 0, 0], &g, xT, 0, g.D)
+                    else:
+                        for z in prange(g.D, schedule='static', num_threads=nthreads):
+                            transpose_planes(&inp[n, 0, 0, 0, 0], &g, xT, z, z + 1)
+                    xin = xT
                 if want_dx:
-                    if half_acc:
+                    if cl:
+                        A = &dx_acc[0, 0, 0, 0]
+                        As[0], As[1], As[2], As[3] = Acl[0], Acl[1], Acl[2], Acl[3]
+                        store = not in_dx          # else after every thread is done reading xT
+                    elif half_acc:
                         A = &dx_acc[0, 0, 0, 0]
                         As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
+                        store = True
                     else:
                         A = <acc_t*>&dx[n, 0, 0, 0, 0]
                         As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
+                        store = False
                     nt = nthreads if nthreads < g.D else <int>g.D
-                    choose_slabs(&grid[0, 0, 0, 0, 0], &g, n, nt, bounds, cost)
+                    choose_slabs(&grid[0, 0, 0, 0, 0], gp, n, nt, bounds, cost)
                     if nt == 1:
                         # no OpenMP region at all: cheaper for small calls, safe in a forked child
-                        slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
-                                  &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], &g, tiles, n,
-                                  bounds[0], bounds[1], want_dg, <unsigned short*>&dx[0, 0, 0, 0, 0],
-                                  NULL)
+                        slab_task(&grad[0, 0, 0, 0, 0], xin, &grid[0, 0, 0, 0, 0],
+                                  &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], gp, tiles, n,
+                                  bounds[0], bounds[1], want_dg, &dx[0, 0, 0, 0, 0], store, NULL)
+                        if cl and in_dx:
+                            store_planes(A, As, &dx[0, 0, 0, 0, 0], gp, n, 0, g.D)
                     else:
                         for ci in prange(ntiles, schedule='static', num_threads=nt):
-                            tile_planes(&grid[0, 0, 0, 0, 0], &g, n, ci, hull)
+                            tile_planes(&grid[0, 0, 0, 0, 0], gp, n, ci, hull)
                         for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
-                            slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                            slab_task(&grad[0, 0, 0, 0, 0], xin,
                                       &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
-                                      &scratch[threadid(), 0], &g, &tiles[threadid()], n,
+                                      &scratch[threadid(), 0], gp, &tiles[threadid()], n,
                                       bounds[t], bounds[t + 1], want_dg,
-                                      <unsigned short*>&dx[0, 0, 0, 0, 0], hull)
+                                      &dx[0, 0, 0, 0, 0], store, hull)
+                        if cl and in_dx:
+                            # a separate region: all reads of xT (in dx[n]) are done, and so is
+                            # the grid gradient of batch item n
+                            for z in prange(g.D, schedule='static', num_threads=nthreads):
+                                store_planes(A, As, &dx[0, 0, 0, 0, 0], gp, n, z, z + 1)
                 else:
                     nchunks = (P + TILE - 1) // TILE
                     if nthreads == 1:
                         for ci in range(nchunks):
-                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], xin,
                                             &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
-                                            &scratch[0, 0], &g, tiles, n, ci)
+                                            &scratch[0, 0], gp, tiles, n, ci)
                     else:
                         for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0],
+                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], xin,
                                             &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
-                                            &scratch[threadid(), 0], &g, &tiles[threadid()], n, ci)
+                                            &scratch[threadid(), 0], gp, &tiles[threadid()], n, ci)

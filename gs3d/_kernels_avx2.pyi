@@ -2,6 +2,7 @@
 from ._kernels import (
     SCRATCH_EXTRA as SCRATCH_EXTRA,
     backward as backward,
+    channels_last_pays as channels_last_pays,
     cpu_has_avx2 as cpu_has_avx2,
     forward as forward,
     max_threads as max_threads,

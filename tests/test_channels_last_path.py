@@ -1,0 +1,155 @@
+"""NCDHW with many channels runs through channels-last copies (``channels_last_pays``): a
+channels-last copy of input[n] (in input_grad[n] when it is one block, else in a buffer), a
+channels-last accumulator written back into input_grad, grad_output and the forward output read
+and written in place.  SPEC "Tensors and layouts" and "Determinism": the results must be bitwise
+those of the channels-last layout, whatever the strides, the output mask and the thread count.
+"""
+import numpy as np
+import pytest
+
+import gs3d
+from gs3d import _api
+from gs3d import reference as ref
+from conftest import DTYPES, TOLERANCE, np_dtype, rel_err
+
+# W = 19 is more than one block (16) of the transpositions; P * 4 >= D * H * W below
+N, D, H, W, Do, Ho, Wo = 2, 4, 5, 19, 5, 5, 6
+CFGS = [dict(), dict(padding_mode="border", align_corners=True),
+        dict(padding_mode="reflection"), dict(mode="nearest")]
+
+
+def make(dtype, C, in_sp=(D, H, W), out_sp=(Do, Ho, Wo), n=N, seed=0):
+    rng = np.random.default_rng(seed)
+    dt = np_dtype(dtype)
+    x = rng.standard_normal((n, C) + in_sp).astype(dt)
+    go = rng.standard_normal((n, C) + out_sp).astype(dt)
+    q = rng.uniform(-1.15, 1.15, (n,) + out_sp + (3,)).astype(dt)
+    return x, q, go
+
+
+def cl(a):
+    return np.ascontiguousarray(np.moveaxis(a, 1, 4))
+
+
+def pays(x, q):
+    return _api._kernels.channels_last_pays(x.shape[1], *x.shape[2:], int(np.prod(q.shape[1:4])))
+
+
+def channels_last_results(x, q, go, mask, cfg):
+    """The same call in NDHWC layout (the channels-last kernel read directly), as NCDHW."""
+    f = gs3d.grid_sample_3d(cl(x), q, layout="NDHWC", num_threads=1, **cfg)
+    dx, dg = gs3d.grid_sample_3d_backward(cl(go), cl(x), q, layout="NDHWC", output_mask=mask,
+                                          num_threads=1, **cfg)
+    return np.moveaxis(f, 4, 1), None if dx is None else np.moveaxis(dx, 4, 1), dg
+
+
+def same(a, b):
+    return (a is None and b is None) or (a is not None and b is not None
+                                         and a.shape == b.shape and np.array_equal(
+                                             np.ascontiguousarray(a).view(np.uint8),
+                                             np.ascontiguousarray(b).view(np.uint8)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mask", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("C", [8, 13])
+def test_ncdhw_equals_channels_last_bitwise(dtype, mask, C):
+    x, q, go = make(dtype, C)
+    assert pays(x, q)
+    for cfg in CFGS:
+        want = channels_last_results(x, q, go, mask, cfg)
+        for nt in (1, 2, 3, 4):
+            f = gs3d.grid_sample_3d(x, q, num_threads=nt, **cfg)
+            dx, dg = gs3d.grid_sample_3d_backward(go, x, q, output_mask=mask, num_threads=nt,
+                                                  **cfg)
+            for name, a, b in zip(("forward", "input_grad", "grid_grad"), (f, dx, dg), want):
+                assert same(a, b), (cfg, nt, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_contiguous_input_grad_and_strided_inputs(dtype):
+    """input_grad not one block per batch item (the input copy then goes to a buffer), inputs
+    with negative and stepped strides, grad_output channels-last in memory."""
+    x, q, go = make(dtype, 9, seed=1)
+    want = channels_last_results(x, q, go, (True, True), {})
+    dt = x.dtype
+    big = np.full((N, 9, 2 * D, H, W + 3), 7, dtype=dt)
+    dx_view = big[:, :, ::2, :, 1:W + 1]
+    xs = np.ascontiguousarray(x[:, ::-1])[:, ::-1]          # negative channel stride
+    gos = cl(go).transpose(0, 4, 1, 2, 3)                      # channel stride 1
+    for nt in (1, 2, 3):
+        dx, dg = gs3d.grid_sample_3d_backward(gos, xs, q, num_threads=nt, input_grad=dx_view)
+        assert dx is dx_view
+        assert same(np.ascontiguousarray(dx), want[1]) and same(dg, want[2]), nt
+        untouched = np.ones(big.shape, bool)
+        untouched[:, :, ::2, :, 1:W + 1] = False
+        assert np.all(big[untouched].astype(np.float64) == 7)
+        # Fortran-ordered input_grad: dense, but not as one block per batch item
+        dxf = np.asfortranarray(np.zeros(x.shape, dtype=dt))
+        got = gs3d.grid_sample_3d_backward(go, x[:, :, ::-1][:, :, ::-1], q, num_threads=nt,
+                                           input_grad=dxf)
+        assert got[0] is dxf and same(np.ascontiguousarray(dxf), want[1])
+        out = np.zeros((Do, Ho, Wo, N, 9), dtype=dt).transpose(3, 4, 0, 1, 2)
+        assert same(np.ascontiguousarray(gs3d.grid_sample_3d(xs, q, num_threads=nt, out=out)),
+                    want[0])
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+def test_plans_use_the_channels_last_path(dtype):
+    x, q, go = make(dtype, 12, seed=2)
+    want = channels_last_results(x, q, go, (True, True), {})
+    for mask in ((True, True), (False, True)):
+        plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, output_mask=mask,
+                                  num_threads=2)
+        for _ in range(2):
+            dx, dg = plan(go, x, q)
+            assert same(dg, want[2]) and (dx is None or same(dx, want[1]))
+            # a given input_grad that is not one block: the plan finds a buffer for the copy
+            if mask[0]:
+                buf = np.zeros(x.shape[:4] + (2 * W,), dtype=x.dtype)[..., ::2]
+                got = plan(go, x, q, input_grad=buf)
+                assert got[0] is buf and same(np.ascontiguousarray(buf), want[1])
+    fplan = gs3d.plan_forward(x.shape, q.shape, x.dtype, num_threads=2)
+    assert same(fplan(x, q), want[0])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_against_reference(dtype):
+    x, q, go = make(dtype, 10, seed=3)
+    x64, q64, go64 = (a.astype(np.float64) for a in (x, q, go))
+    for cfg in CFGS[:3]:
+        f = gs3d.grid_sample_3d(x, q, num_threads=2, **cfg)
+        dx, dg = gs3d.grid_sample_3d_backward(go, x, q, num_threads=2, **cfg)
+        rf = ref.grid_sample_3d(x64, q64, **cfg)
+        rdx, rdg = ref.grid_sample_3d_backward(go64, x64, q64, **cfg)
+        for got, want in ((f, rf), (dx, rdx), (dg, rdg)):
+            assert rel_err(got, want) <= TOLERANCE[dtype], cfg
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_under_the_thresholds(dtype):
+    """Few output points for the volume (P * 4 < D * H * W), and C below 8: the direct loop,
+    with the same results."""
+    for C, in_sp, out_sp in ((8, (8, 8, 9), (3, 3, 4)), (7, (D, H, W), (Do, Ho, Wo))):
+        x, q, go = make(dtype, C, in_sp, out_sp, seed=4)
+        assert not pays(x, q)
+        for cfg in CFGS[:2]:
+            want = channels_last_results(x, q, go, (True, True), cfg)
+            for nt in (1, 2, 3):
+                got = (gs3d.grid_sample_3d(x, q, num_threads=nt, **cfg),
+                       *gs3d.grid_sample_3d_backward(go, x, q, num_threads=nt, **cfg))
+                for a, b in zip(got, want):
+                    assert same(a, b), (C, cfg, nt)
+
+
+def test_single_batch_item_and_depth_one():
+    """N = 1, and a volume of one depth plane (more threads than planes)."""
+    for in_sp, out_sp in (((1, 6, 20), (2, 4, 5)), ((3, 1, 17), (3, 2, 6))):
+        x, q, go = make("float32", 16, in_sp, out_sp, n=1, seed=5)
+        assert pays(x, q)
+        want = channels_last_results(x, q, go, (True, True), {})
+        for nt in (1, 2, 4):
+            got = (gs3d.grid_sample_3d(x, q, num_threads=nt),
+                   *gs3d.grid_sample_3d_backward(go, x, q, num_threads=nt))
+            for a, b in zip(got, want):
+                assert same(a, b), (in_sp, nt)
