@@ -550,6 +550,10 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef int hk = g.half_kind
     As[0] = As[1] = As[2] = As[3] = 0
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
+    for i in range(min(cnt, <int>AHEAD)):
+        # the points the in-loop prefetch (AHEAD points ahead) cannot reach
+        if t.vs[i]:
+            prefetch_corners(x, scratch, t, i, True, False)
     if C == 1:
         for i in range(cnt):
             v = t.vs[i]
@@ -743,6 +747,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef acc_t d8[8]
     cdef int hk = g.half_kind
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
+    for i in range(min(cnt, <int>AHEAD)):
+        # the points the in-loop prefetch (AHEAD points ahead) cannot reach
+        if t.vs[i] or (t.own[i] and t.vd[i]):
+            prefetch_corners(x, A, t, i, t.vd[i] != 0, t.vs[i] != 0)
     if C == 1:
         # one channel: no channel loops at all (same arithmetic as the general paths)
         for i in range(cnt):
