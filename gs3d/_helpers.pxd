@@ -19,6 +19,7 @@ cdef extern from *:
     static int omp_get_thread_num(void) { return 0; }
     #endif
     #include <string.h>
+    #include <math.h>
     static int gs3d_cpu_has_avx2(void) {
     #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
         __builtin_cpu_init();
@@ -40,14 +41,11 @@ cdef extern from *:
     #define gs3d_prefetch(p) ((void)0)
     #define gs3d_prefetch_w(p) ((void)0)
     #endif
-    /* Map one axis of cnt points under bilinear zeros or border padding (SPEC, "Coordinate
-       mapping"): the same arithmetic as map_coord, as one loop of selects the compiler can
-       vectorise.  Writes the floor of u clamped to [-2, size + 1] (fidx), u - fidx (frac), the
-       grid-gradient factor (mult, 0 when clipped or dead) and 1.0 / 0.0 for "samples something"
-       (okf).  A dead point gets u = 0 and factor 0. */
+    /* floor, inlined where SSE4.1 has a rounding instruction (the AVX2 build); the x86-64
+       baseline compares the truncation instead of calling libm */
     GS3D_ALWAYS_INLINE double gs3d_floor(double v) {
     #if defined(__SSE4_1__) || !(defined(__x86_64__) || defined(__i386__))
-        return __builtin_floor(v);
+        return floor(v);
     #else
         double t = (double)(long long)v;    /* |v| is small here: the cast cannot overflow */
         return t - (t > v);
@@ -92,6 +90,12 @@ cdef extern from *:
         *mult = m;
         *okf = ok ? 1.0 : 0.0;
     }
+    /* Map one axis of cnt points under bilinear zeros or border padding (SPEC, "Coordinate
+       mapping"): the same arithmetic as map_coord, as one loop of selects the compiler can
+       vectorise.  Writes the floor of u clamped to [-2, size + 1] (fidx), u - fidx (frac), the
+       grid-gradient factor (mult, 0 when clipped or dead) and 1.0 / 0.0 for "samples something"
+       (okf), then the flags of map_axis (gs3d_axis_flags).  A dead point gets u = 0 and
+       factor 0. */
     static void gs3d_map_axis_linear(const double* __restrict gin, int cnt, double sz, int align,
                                      int border, double* __restrict frac,
                                      double* __restrict mult, double* __restrict fidx,
