@@ -754,6 +754,8 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef bint bilinear = g.mode == MODE_BILINEAR
     cdef acc_t goc
     cdef acc_t d8[8]
+    cdef acc_t yz[4]
+    cdef double* f
     cdef int hk = g.half_kind
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
     for i in range(min(cnt, <int>AHEAD)):
@@ -775,6 +777,16 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                         d8[j] = 0
                         d8[j] = d8[j] + goc * <acc_t>ld(x, xo(t, i, j), hk)
                 grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
+            if vs == 0xFF:
+                # all corners: the four wy * wz products once (corner_weight's rounding)
+                f = &t.f[6 * i]
+                yz[0] = <acc_t>f[2] * <acc_t>f[4]
+                yz[1] = <acc_t>f[3] * <acc_t>f[4]
+                yz[2] = <acc_t>f[2] * <acc_t>f[5]
+                yz[3] = <acc_t>f[3] * <acc_t>f[5]
+                for j in range(8):
+                    A[ao(t, i, j)] += <acc_t>f[j & 1] * yz[j >> 1] * goc
+                continue
             for j in range(8):
                 if (vs >> j) & 1:
                     A[ao(t, i, j)] += corner_weight(t, i, j, A) * goc
