@@ -341,6 +341,17 @@ cdef inline acc_t corner_weight(Tile* t, int i, int j, acc_t* type_only) noexcep
     return <acc_t>f[j & 1] * (<acc_t>f[2 + ((j >> 1) & 1)] * <acc_t>f[4 + (j >> 2)])
 
 
+cdef inline void corner_weights(Tile* t, int i, acc_t* w8) noexcept nogil:
+    """All eight corner_weight values of point i, with the four wy * wz products made once."""
+    cdef double* f = &t.f[6 * i]
+    cdef acc_t yz
+    cdef int k
+    for k in range(4):
+        yz = <acc_t>f[2 + (k & 1)] * <acc_t>f[4 + (k >> 1)]
+        w8[2 * k] = <acc_t>f[0] * yz
+        w8[2 * k + 1] = <acc_t>f[1] * yz
+
+
 cdef inline void prefetch_span(const char* p, Py_ssize_t lo, Py_ssize_t nbytes,
                                bint for_write) noexcept nogil:
     """Ask for every cache line that holds a byte of [p + lo, p + lo + nbytes) (nbytes > 0)."""
@@ -555,6 +566,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef int i, j, i0, i1, per
     cdef unsigned char v
     cdef acc_t s, w
+    cdef acc_t w8[8]
     cdef acc_t* r
     cdef int hk = g.half_kind
     As[0] = As[1] = As[2] = As[3] = 0
@@ -569,9 +581,15 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             if i + AHEAD < cnt and t.vs[i + AHEAD]:
                 prefetch_corners(x, scratch, t, i + AHEAD, True, False)
             s = 0
-            for j in range(8):
-                if (v >> j) & 1:
-                    s = s + corner_weight(t, i, j, scratch) * <acc_t>ld(x, xo(t, i, j), hk)
+            if v == 0xFF:
+                # all corners in bounds: no mask tests
+                corner_weights(t, i, w8)
+                for j in range(8):
+                    s = s + w8[j] * <acc_t>ld(x, xo(t, i, j), hk)
+            else:
+                for j in range(8):
+                    if (v >> j) & 1:
+                        s = s + corner_weight(t, i, j, scratch) * <acc_t>ld(x, xo(t, i, j), hk)
             st(out, t.ob[i], s, hk)
     elif xc == 1:
         # channels contiguous in the input (NDHWC, or the channels-last copy of NCDHW); the
@@ -754,8 +772,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef bint bilinear = g.mode == MODE_BILINEAR
     cdef acc_t goc
     cdef acc_t d8[8]
-    cdef acc_t yz[4]
-    cdef double* f
+    cdef acc_t w8[8]
     cdef int hk = g.half_kind
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
     for i in range(min(cnt, <int>AHEAD)):
@@ -778,14 +795,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                         d8[j] = d8[j] + goc * <acc_t>ld(x, xo(t, i, j), hk)
                 grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
             if vs == 0xFF:
-                # all corners: the four wy * wz products once (corner_weight's rounding)
-                f = &t.f[6 * i]
-                yz[0] = <acc_t>f[2] * <acc_t>f[4]
-                yz[1] = <acc_t>f[3] * <acc_t>f[4]
-                yz[2] = <acc_t>f[2] * <acc_t>f[5]
-                yz[3] = <acc_t>f[3] * <acc_t>f[5]
+                # all corners in bounds: no mask tests
+                corner_weights(t, i, w8)
                 for j in range(8):
-                    A[ao(t, i, j)] += <acc_t>f[j & 1] * yz[j >> 1] * goc
+                    A[ao(t, i, j)] += w8[j] * goc
                 continue
             for j in range(8):
                 if (vs >> j) & 1:
