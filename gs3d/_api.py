@@ -106,7 +106,7 @@ class _Resources:
     """Everything a kernel call needs besides its arrays (owned by a plan, or pooled per call
     signature for plain calls; see ``_Call``).  Used by one call at a time."""
 
-    __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
+    __slots__ = ("pb", "kind", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "half", "perm", "fwd_tail", "bwd_tail", "out_empty", "in_empty",
                  "plain_align")
 
@@ -115,6 +115,7 @@ class _Resources:
         store = np.uint16 if pb.kind in _HALF_KIND else acc     # float32/64 store what they compute
         D, H, W = pb.in_spatial
         self.pb = pb
+        self.kind = pb.kind
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
         self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
@@ -139,37 +140,10 @@ class _Resources:
                          pb.align, self.half_kind)
         self.out_empty = pb.N * pb.C * math.prod(pb.out_spatial) == 0    # output / grad_output
         self.in_empty = pb.N * pb.C * D * H * W == 0
-        # a dtype whose alignment is its size: an aligned array's strides are multiples of it
+        # a dtype whose alignment is its size: an aligned array's strides are multiples of it,
+        # so ``kernel_ready`` keeps every aligned array (checked inline by _forward/_backward)
         dt = np.dtype(np.uint16 if self.half else acc)
         self.plain_align = dt.alignment == dt.itemsize
-
-    def ready(self, arr: np.ndarray) -> np.ndarray:
-        """``kernel_ready(arr)`` with the common case (aligned, plain dtype) decided inline."""
-        return arr if self.plain_align and arr.flags.aligned else kernel_ready(arr)
-
-    def forward(self, x, q, out) -> None:
-        if self.half:
-            x, q, out = x.view(np.uint16), q.view(np.uint16), out.view(np.uint16)
-        if self.perm is not None:
-            x, out = x.transpose(self.perm), out.transpose(self.perm)
-        _FORWARD[self.pb.kind](x, q, out, *self.fwd_tail)
-
-    def backward(self, g, x, q, dx, dg) -> None:
-        want_dx, want_dg = dx is not None, dg is not None
-        if self.half:
-            g, x, q = g.view(np.uint16), x.view(np.uint16), q.view(np.uint16)
-            if want_dx:
-                dx = dx.view(np.uint16)
-            if want_dg:
-                dg = dg.view(np.uint16)
-        perm = self.perm
-        if perm is not None:
-            g, x = g.transpose(perm), x.transpose(perm)
-            if want_dx:
-                dx = dx.transpose(perm)
-        _BACKWARD[self.pb.kind](g, x, q, dx if want_dx else self.dummy_dx,
-                                dg if want_dg else self.dummy_dg, *self.bwd_tail,
-                                want_dx, want_dg, self.nt)
 
 
 # GNU OpenMP cannot start a parallel region in a child forked after the parent used threads
@@ -321,7 +295,6 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
         For any invalid argument (``.code`` 161001 for a missing tensor, 161002 otherwise);
         nothing is written then.
     """
-    options = (mode, padding_mode, align_corners, layout, num_threads)
     key = None
     if input.__class__ is np.ndarray and grid.__class__ is np.ndarray:
         try:
@@ -348,7 +321,7 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
     if out is not None:
         check_output(out, "out", shape, x.dtype, (("input", x), ("grid", q)))
     call = _Call(pb, shape, num_threads)
-    _remember(key, call, options)
+    _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads))
     res = call.take(nt)
     try:
         return _forward(res, x, q, out, shape)
@@ -357,14 +330,29 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
 
 
 def _forward(res: _Resources, x, q, out, shape):
+    """Run the forward into ``out`` (a new array when None) and return it.  One flat function:
+    at the worked-example size each Python call level costs a noticeable part of the call."""
     if out is None:
-        result = target = np.empty(shape, x.dtype)
+        result = target = np.empty(shape, x.dtype)      # fresh memory is aligned
     else:
-        result, target = out, res.ready(out)
-    if not res.out_empty:
-        res.forward(res.ready(x), res.ready(q), target)
-        if target is not result:
-            result[...] = target
+        result = target = out
+        if not (res.plain_align and out.flags.aligned):
+            target = kernel_ready(out)
+    if res.out_empty:
+        return result
+    if not (res.plain_align and x.flags.aligned):
+        x = kernel_ready(x)
+    if not (res.plain_align and q.flags.aligned):
+        q = kernel_ready(q)
+    t = target
+    if res.half:
+        x, q, t = x.view(np.uint16), q.view(np.uint16), t.view(np.uint16)
+    perm = res.perm
+    if perm is not None:
+        x, t = x.transpose(perm), t.transpose(perm)
+    _FORWARD[res.kind](x, q, t, *res.fwd_tail)
+    if target is not result:
+        result[...] = target
     return result
 
 
@@ -404,7 +392,6 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
     GridSamplerError
         For any invalid argument; nothing is written then.
     """
-    options = (mode, padding_mode, align_corners, layout, num_threads, deterministic)
     key = None
     if (grad_output.__class__ is np.ndarray and input.__class__ is np.ndarray
             and grid.__class__ is np.ndarray):
@@ -448,7 +435,8 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
                      (("input_grad", input_grad if want_dx else None),))
     call = _Call(pb, x.shape, num_threads, want_dx, want_dg)
     if key is not None and output_mask.__class__ in (tuple, list) and len(output_mask) == 2:
-        _remember(key, call, options + tuple(output_mask))
+        _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads,
+                              deterministic, *output_mask))
     res = call.take(nt)
     try:
         return _backward(res, g, x, q, want_dx, want_dg, input_grad, grid_grad)
@@ -457,29 +445,55 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
 
 
 def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad):
+    """Run the backward into the given buffers (new arrays when None); flat like _forward."""
     dx = dx_k = dg = dg_k = None
+    pa = res.plain_align
     if want_dx:
         if input_grad is None:
             dx = dx_k = np.empty(x.shape, x.dtype)
         else:
-            dx, dx_k = input_grad, res.ready(input_grad)
+            dx = dx_k = input_grad
+            if not (pa and dx.flags.aligned):
+                dx_k = kernel_ready(dx)
     if want_dg:
         if grid_grad is None:
             dg = dg_k = np.empty(q.shape, q.dtype)
         else:
-            dg, dg_k = grid_grad, res.ready(grid_grad)
+            dg = dg_k = grid_grad
+            if not (pa and dg.flags.aligned):
+                dg_k = kernel_ready(dg)
     if res.out_empty or res.in_empty:
         # nothing samples the input (N, C or the output size is 0): zero gradients
         for arr in (dx, dg):
             if arr is not None:
                 arr[...] = 0
         return dx, dg
-    if want_dx or want_dg:
-        res.backward(res.ready(g), res.ready(x), res.ready(q), dx_k, dg_k)
-        if dx is not None and dx_k is not dx:
-            dx[...] = dx_k
-        if dg is not None and dg_k is not dg:
-            dg[...] = dg_k
+    if not (want_dx or want_dg):
+        return dx, dg
+    if not (pa and g.flags.aligned):
+        g = kernel_ready(g)
+    if not (pa and x.flags.aligned):
+        x = kernel_ready(x)
+    if not (pa and q.flags.aligned):
+        q = kernel_ready(q)
+    dxv: Any = dx_k if want_dx else res.dummy_dx
+    dgv: Any = dg_k if want_dg else res.dummy_dg
+    if res.half:
+        g, x, q = g.view(np.uint16), x.view(np.uint16), q.view(np.uint16)
+        if want_dx:
+            dxv = dxv.view(np.uint16)
+        if want_dg:
+            dgv = dgv.view(np.uint16)
+    perm = res.perm
+    if perm is not None:
+        g, x = g.transpose(perm), x.transpose(perm)
+        if want_dx:
+            dxv = dxv.transpose(perm)
+    _BACKWARD[res.kind](g, x, q, dxv, dgv, *res.bwd_tail, want_dx, want_dg, res.nt)
+    if dx is not None and dx_k is not dx:
+        dx[...] = dx_k
+    if dg is not None and dg_k is not dg:
+        dg[...] = dg_k
     return dx, dg
 
 
