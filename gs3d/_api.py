@@ -29,7 +29,8 @@ def _select_kernels():
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
     MAX_THREADS, GridSamplerError, Problem, as_input_array, check_output, check_problem,
-    kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool, volume_shape,
+    kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
+    volume_shape,
 )
 
 __all__ = [
@@ -107,7 +108,8 @@ class _Resources:
     signature for plain calls; see ``_Call``).  Used by one call at a time."""
 
     __slots__ = ("pb", "kind", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
-                 "dummy_dg", "nbytes", "half", "perm", "fwd_tail", "bwd_tail", "out_empty", "in_empty",
+                 "dummy_dg", "nbytes", "half", "perm", "mode", "padding", "align", "out_empty",
+                 "in_empty", "home",
                  "plain_align")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
@@ -129,15 +131,13 @@ class _Resources:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
+        self.home: Optional[list] = None       # the pool list of a _Call, if pooled
         self.nbytes = sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc,
                                              self.dummy_dx, self.dummy_dg))
         # precomputed per-call pieces: storage view, axis order, trailing kernel arguments
         self.half = pb.kind in _HALF_KIND
         self.perm = None if pb.channels_last else _TO_NDHWC
-        self.fwd_tail = (self.scratch, self.workspace, pb.mode, pb.padding, pb.align,
-                         self.half_kind, nt)
-        self.bwd_tail = (self.dx_acc, self.scratch, self.workspace, pb.mode, pb.padding,
-                         pb.align, self.half_kind)
+        self.mode, self.padding, self.align = pb.mode, pb.padding, pb.align
         self.out_empty = pb.N * pb.C * math.prod(pb.out_spatial) == 0    # output / grad_output
         self.in_empty = pb.N * pb.C * D * H * W == 0
         # a dtype whose alignment is its size: an aligned array's strides are multiples of it,
@@ -175,15 +175,6 @@ def _threads(num_threads: Any, work: int) -> int:
     return threads
 
 
-def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
-    """(array returned to the caller, array the kernel writes): the latter is a temporary only
-    when a given buffer's strides or alignment do not fit the kernels."""
-    if given is None:
-        arr = np.empty(shape, dtype=dtype)
-        return arr, arr
-    return given, kernel_ready(given)
-
-
 # --------------------------------------------------------------------------------------------
 # per-call cache of plain calls: what the validation derived from (shapes, dtypes, options)
 # --------------------------------------------------------------------------------------------
@@ -198,6 +189,12 @@ _POOL_MAX_BYTES = 1 << 16       # bigger scratch is allocated per call (negligib
 _calls: dict = {}
 _calls_lock = threading.Lock()
 _PLAIN = (str, int, bool, type(None))   # option types a signature may hold (1 != True here)
+# The last signature of each direction, matched by the identity of its option objects (plain
+# immutable values, so identity implies the same type and value) before any hashing: repeated
+# calls from one place in the caller's code pass the very same objects.
+_NEVER = object()
+_last_fwd: tuple = (_NEVER,) * 9
+_last_bwd: tuple = (_NEVER,) * 12
 
 
 class _Call:
@@ -222,7 +219,15 @@ class _Call:
             return 1
         return max(1, min(_kernels.max_threads(), MAX_THREADS, self.cap))
 
-    def take(self, nt: int) -> _Resources:
+    def acquire(self) -> _Resources:
+        """Idle scratch for this call's thread count, or new scratch.  Give it back with
+        ``_release``.  (``threads()`` is inlined: this runs on every cached call.)"""
+        if _forked_child or self.cap == 1 and self.fixed_nt is None:
+            nt = 1
+        elif self.fixed_nt is not None:
+            nt = self.fixed_nt
+        else:
+            nt = max(1, min(_kernels.max_threads(), MAX_THREADS, self.cap))
         pool_nt, free = self.pool
         if nt == pool_nt:
             try:
@@ -230,31 +235,40 @@ class _Call:
             except IndexError:
                 pass
         else:
-            self.pool = (nt, [])       # the thread count changed: start a pool for the new one
-        return _Resources(self.pb, nt, self.want_dx)
+            free = []                       # the thread count changed: a pool for the new one
+            self.pool = (nt, free)
+        res = _Resources(self.pb, nt, self.want_dx)
+        if res.nbytes <= _POOL_MAX_BYTES:
+            res.home = free
+        return res
 
-    def give(self, res: _Resources) -> None:
-        pool_nt, free = self.pool
-        if res.nt == pool_nt and res.nbytes <= _POOL_MAX_BYTES and len(free) < _POOL_DEPTH:
-            free.append(res)
+
+def _release(res: _Resources) -> None:
+    """Back to the pool it was made for (a list holds only scratch of its thread count)."""
+    free = res.home
+    if free is not None and len(free) < _POOL_DEPTH:
+        free.append(res)
 
 
-def _remember(key: Optional[tuple], call: _Call, options: tuple) -> None:
+def _remember(key: Optional[tuple], call: _Call, options: tuple) -> bool:
     """Cache ``call`` under ``key`` when its options are of plain types (never subclasses or
-    numpy scalars, whose equality would blur 1 and True)."""
+    numpy scalars, whose equality would blur 1 and True); True when cached."""
     if key is None or not all(v.__class__ in _PLAIN for v in options):
-        return
+        return False
     with _calls_lock:
         if key not in _calls:
             while len(_calls) >= _CALLS_MAX:
                 del _calls[next(iter(_calls))]
             _calls[key] = call
+    return True
 
 
 def clear_call_cache() -> None:
     """Forget the cached call signatures and their scratch (tests, memory accounting)."""
+    global _last_fwd, _last_bwd
     with _calls_lock:
         _calls.clear()
+        _last_fwd, _last_bwd = (_NEVER,) * 9, (_NEVER,) * 12
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,38 +309,53 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
         For any invalid argument (``.code`` 161001 for a missing tensor, 161002 otherwise);
         nothing is written then.
     """
-    key = None
-    if input.__class__ is np.ndarray and grid.__class__ is np.ndarray:
-        try:
-            key = (input.shape, grid.shape, input.dtype, grid.dtype, mode, mode.__class__,
-                   padding_mode, padding_mode.__class__, align_corners, align_corners.__class__,
-                   layout, layout.__class__, num_threads, num_threads.__class__)
-            call = _calls.get(key)
-        except Exception:       # noqa: BLE001 - an unhashable option: the full checks report it
-            key = call = None
-        if call is not None:
-            if out is not None:
-                out = _run_output(out, "out", call.shape, input.dtype,
-                                  (("input", input), ("grid", grid)))
-            res = call.take(call.threads())
+    global _last_fwd
+    m = _last_fwd
+    if (mode is m[0] and padding_mode is m[1] and align_corners is m[2] and layout is m[3]
+            and num_threads is m[4] and input.__class__ is np.ndarray
+            and grid.__class__ is np.ndarray and input.dtype is m[5] and grid.dtype is m[5]
+            and input.shape == m[6] and grid.shape == m[7]):
+        call = m[8]
+    else:
+        key = call = None
+        if input.__class__ is np.ndarray and grid.__class__ is np.ndarray:
             try:
-                return _forward(res, input, grid, out, call.shape)
-            finally:
-                call.give(res)
+                key = (input.shape, grid.shape, input.dtype, grid.dtype, mode, mode.__class__,
+                       padding_mode, padding_mode.__class__, align_corners,
+                       align_corners.__class__, layout, layout.__class__, num_threads,
+                       num_threads.__class__)
+                call = _calls.get(key)
+            except Exception:   # noqa: BLE001 - an unhashable option: the full checks report it
+                key = call = None
+            if call is not None:
+                _last_fwd = (mode, padding_mode, align_corners, layout, num_threads, input.dtype,
+                             input.shape, grid.shape, call)
+    if call is not None:
+        # a signature validated before: only the output buffer is new
+        if out is not None:
+            out = _run_output(out, "out", call.shape, input.dtype,
+                              (("input", input), ("grid", grid)))
+        res = call.acquire()
+        try:
+            return _forward(res, input, grid, out, call.shape)
+        finally:
+            _release(res)
     x = as_input_array(input, "input")
     q = as_input_array(grid, "grid")
     pb = check_problem(x, q, None, mode, padding_mode, align_corners, layout)
     shape = volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last)
-    nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
+    _threads(num_threads, 0)        # validates num_threads (the _Call applies the rule)
     if out is not None:
         check_output(out, "out", shape, x.dtype, (("input", x), ("grid", q)))
     call = _Call(pb, shape, num_threads)
-    _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads))
-    res = call.take(nt)
+    if _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads)):
+        _last_fwd = (mode, padding_mode, align_corners, layout, num_threads, x.dtype, x.shape,
+                     q.shape, call)
+    res = call.acquire()
     try:
         return _forward(res, x, q, out, shape)
     finally:
-        call.give(res)
+        _release(res)
 
 
 def _forward(res: _Resources, x, q, out, shape):
@@ -350,7 +379,9 @@ def _forward(res: _Resources, x, q, out, shape):
     perm = res.perm
     if perm is not None:
         x, t = x.transpose(perm), t.transpose(perm)
-    _FORWARD[res.kind](x, q, t, *res.fwd_tail)
+    # positional arguments: a *args call costs a tuple and Cython's slower argument parsing
+    _FORWARD[res.kind](x, q, t, res.scratch, res.workspace, res.mode, res.padding, res.align,
+                       res.half_kind, res.nt)
     if target is not result:
         result[...] = target
     return result
@@ -392,21 +423,38 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
     GridSamplerError
         For any invalid argument; nothing is written then.
     """
-    key = None
-    if (grad_output.__class__ is np.ndarray and input.__class__ is np.ndarray
-            and grid.__class__ is np.ndarray):
-        try:
-            om = output_mask
-            key = (grad_output.shape, input.shape, grid.shape, grad_output.dtype, input.dtype,
-                   grid.dtype, mode, mode.__class__, padding_mode, padding_mode.__class__,
-                   align_corners, align_corners.__class__, layout, layout.__class__, num_threads,
-                   num_threads.__class__, deterministic, deterministic.__class__, om.__class__,
-                   len(om), om[0], om[0].__class__, om[1], om[1].__class__)
-            call = _calls.get(key)
-        except Exception:       # noqa: BLE001 - an odd option: the full checks report it
-            key = call = None
-        if call is not None:
-            want_dx, want_dg = call.want_dx, call.want_dg
+    global _last_bwd
+    m = _last_bwd
+    if (mode is m[0] and padding_mode is m[1] and align_corners is m[2] and layout is m[3]
+            and num_threads is m[4] and deterministic is m[5] and output_mask is m[6]
+            and grad_output.__class__ is np.ndarray and input.__class__ is np.ndarray
+            and grid.__class__ is np.ndarray and grad_output.dtype is m[7]
+            and input.dtype is m[7] and grid.dtype is m[7] and grad_output.shape == m[8]
+            and input.shape == m[9] and grid.shape == m[10]):
+        call = m[11]
+    else:
+        key = call = None
+        if (grad_output.__class__ is np.ndarray and input.__class__ is np.ndarray
+                and grid.__class__ is np.ndarray):
+            try:
+                om = output_mask
+                key = (grad_output.shape, input.shape, grid.shape, grad_output.dtype,
+                       input.dtype, grid.dtype, mode, mode.__class__, padding_mode,
+                       padding_mode.__class__, align_corners, align_corners.__class__, layout,
+                       layout.__class__, num_threads, num_threads.__class__, deterministic,
+                       deterministic.__class__, om.__class__, len(om), om[0], om[0].__class__,
+                       om[1], om[1].__class__)
+                call = _calls.get(key)
+            except Exception:   # noqa: BLE001 - an odd option: the full checks report it
+                key = call = None
+            if call is not None and output_mask.__class__ is tuple:     # immutable: memo
+                _last_bwd = (mode, padding_mode, align_corners, layout, num_threads,
+                             deterministic, output_mask, input.dtype, grad_output.shape,
+                             input.shape, grid.shape, call)
+    if call is not None:
+        # a signature validated before: only the output buffers are new
+        want_dx, want_dg = call.want_dx, call.want_dg
+        if input_grad is not None or grid_grad is not None:
             inputs = (("grad_output", grad_output), ("input", input), ("grid", grid))
             if want_dx and input_grad is not None:
                 input_grad = _run_output(input_grad, "input_grad", input.shape, input.dtype,
@@ -414,19 +462,19 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
             if want_dg and grid_grad is not None:
                 grid_grad = _run_output(grid_grad, "grid_grad", grid.shape, grid.dtype, inputs,
                                         (("input_grad", input_grad if want_dx else None),))
-            res = call.take(call.threads())
-            try:
-                return _backward(res, grad_output, input, grid, want_dx, want_dg, input_grad,
-                                 grid_grad)
-            finally:
-                call.give(res)
+        res = call.acquire()
+        try:
+            return _backward(res, grad_output, input, grid, want_dx, want_dg, input_grad,
+                             grid_grad)
+        finally:
+            _release(res)
     g = as_input_array(grad_output, "grad_output")
     x = as_input_array(input, "input")
     q = as_input_array(grid, "grid")
     pb = check_problem(x, q, g, mode, padding_mode, align_corners, layout)
     want_dx, want_dg = parse_output_mask(output_mask)
     parse_deterministic(deterministic)
-    nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
+    _threads(num_threads, 0)        # validates num_threads (the _Call applies the rule)
     inputs = (("grad_output", g), ("input", x), ("grid", q))
     if want_dx and input_grad is not None:
         check_output(input_grad, "input_grad", x.shape, x.dtype, inputs)
@@ -434,14 +482,17 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
         check_output(grid_grad, "grid_grad", q.shape, q.dtype, inputs,
                      (("input_grad", input_grad if want_dx else None),))
     call = _Call(pb, x.shape, num_threads, want_dx, want_dg)
-    if key is not None and output_mask.__class__ in (tuple, list) and len(output_mask) == 2:
-        _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads,
-                              deterministic, *output_mask))
-    res = call.take(nt)
+    if (key is not None and output_mask.__class__ in (tuple, list) and len(output_mask) == 2
+            and _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads,
+                                      deterministic, *output_mask))
+            and output_mask.__class__ is tuple):
+        _last_bwd = (mode, padding_mode, align_corners, layout, num_threads, deterministic,
+                     output_mask, x.dtype, g.shape, x.shape, q.shape, call)
+    res = call.acquire()
     try:
         return _backward(res, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     finally:
-        call.give(res)
+        _release(res)
 
 
 def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad):
@@ -489,7 +540,8 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
         g, x = g.transpose(perm), x.transpose(perm)
         if want_dx:
             dxv = dxv.transpose(perm)
-    _BACKWARD[res.kind](g, x, q, dxv, dgv, *res.bwd_tail, want_dx, want_dg, res.nt)
+    _BACKWARD[res.kind](g, x, q, dxv, dgv, res.dx_acc, res.scratch, res.workspace, res.mode,
+                        res.padding, res.align, res.half_kind, want_dx, want_dg, res.nt)
     if dx is not None and dx_k is not dx:
         dx[...] = dx_k
     if dg is not None and dg_k is not dg:
@@ -548,7 +600,8 @@ def _run_output(out: Any, name: str, shape: tuple, dtype: np.dtype, inputs: tupl
     """Cheap checks of a given output; the exact (slower) checks of ``check_output`` run only
     when the quick tests cannot clear the buffer (so the errors are the same).  Two arrays that
     each own their memory cannot overlap; other pairs go through ``np.may_share_memory``."""
-    if out.__class__ is np.ndarray and out.shape == shape and out.dtype == dtype:
+    if (out.__class__ is np.ndarray and out.shape == shape
+            and (out.dtype is dtype or out.dtype == dtype)):
         flags = out.flags
         if flags.writeable and (flags.c_contiguous or flags.f_contiguous):
             owner = flags.owndata and out.base is None
@@ -588,15 +641,21 @@ class ForwardPlan:
 
     def __call__(self, input, grid, *, out=None) -> np.ndarray:
         x, q, dt = input, grid, self.dtype
-        if not (x.__class__ is np.ndarray and x.shape == self.input_shape and x.dtype == dt):
+        if not (x.__class__ is np.ndarray and x.shape == self.input_shape
+                and (x.dtype is dt or x.dtype == dt)):
             x = _run_input(x, "input", self.input_shape, dt)
-        if not (q.__class__ is np.ndarray and q.shape == self.grid_shape and q.dtype == dt):
+        if not (q.__class__ is np.ndarray and q.shape == self.grid_shape
+                and (q.dtype is dt or q.dtype == dt)):
             q = _run_input(q, "grid", self.grid_shape, dt)
         if out is not None:
             out = _run_output(out, "out", self.output_shape, self.dtype,
                               (("input", x), ("grid", q)))
-        with self._lock:
+        lock = self._lock
+        lock.acquire()      # cheaper than a with statement at this size
+        try:
             return _forward(self._res, x, q, out, self.output_shape)
+        finally:
+            lock.release()
 
 
 class BackwardPlan:
@@ -629,11 +688,13 @@ class BackwardPlan:
     def __call__(self, grad_output, input, grid, *, input_grad=None, grid_grad=None):
         g, x, q, dt = grad_output, input, grid, self.dtype
         if not (g.__class__ is np.ndarray and g.shape == self.grad_output_shape
-                and g.dtype == dt):
+                and (g.dtype is dt or g.dtype == dt)):
             g = _run_input(g, "grad_output", self.grad_output_shape, dt)
-        if not (x.__class__ is np.ndarray and x.shape == self.input_shape and x.dtype == dt):
+        if not (x.__class__ is np.ndarray and x.shape == self.input_shape
+                and (x.dtype is dt or x.dtype == dt)):
             x = _run_input(x, "input", self.input_shape, dt)
-        if not (q.__class__ is np.ndarray and q.shape == self.grid_shape and q.dtype == dt):
+        if not (q.__class__ is np.ndarray and q.shape == self.grid_shape
+                and (q.dtype is dt or q.dtype == dt)):
             q = _run_input(q, "grid", self.grid_shape, dt)
         inputs = (("grad_output", g), ("input", x), ("grid", q))
         if self.want_dx and input_grad is not None:
@@ -641,9 +702,13 @@ class BackwardPlan:
         if self.want_dg and grid_grad is not None:
             grid_grad = _run_output(grid_grad, "grid_grad", self.grid_shape, self.dtype, inputs,
                                     (("input_grad", input_grad if self.want_dx else None),))
-        with self._lock:
+        lock = self._lock
+        lock.acquire()      # cheaper than a with statement at this size
+        try:
             return _backward(self._res, g, x, q, self.want_dx, self.want_dg, input_grad,
                              grid_grad)
+        finally:
+            lock.release()
 
 
 def plan_forward(input_shape, grid_shape, dtype, **options) -> ForwardPlan:

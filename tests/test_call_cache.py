@@ -183,13 +183,13 @@ def test_cached_thread_count_follows_the_rules(num_threads, size, monkeypatch):
     x = np.zeros((size[0], 8, 4, 4, 4), np.float32)
     q = np.zeros(size, np.float32)
     pb = gs3d._validation.check_problem(x, q, None, "bilinear", "zeros", False, "NCDHW")
-    call = _api._Call(pb, None, num_threads)
+    call = _api._Call(pb, (), num_threads)
     work = pb.N * int(np.prod(pb.out_spatial)) * pb.C
     for default in (1, 2, 5):
         monkeypatch.setattr(_api._kernels, "max_threads", lambda d=default: d)
-        assert call.threads() == _api._threads(num_threads, work)
+        assert call.threads() == call.acquire().nt == _api._threads(num_threads, work)
     monkeypatch.setattr(_api, "_forked_child", True)
-    assert call.threads() == 1 == _api._threads(num_threads, work)
+    assert call.threads() == call.acquire().nt == 1 == _api._threads(num_threads, work)
 
 
 def test_plan_quick_checks_keep_the_errors():
@@ -213,3 +213,33 @@ def test_plan_quick_checks_keep_the_errors():
     view = big[1]
     assert fplan(x, q, out=view) is view
     assert _bits(view) == _bits(fplan(x, q)) and (big[0] == 7).all()
+
+
+def test_a_mutated_mask_list_is_checked_again():
+    """The last-signature memo matches options by identity, so it must never hold a mutable
+    object: a list mask changed in place between calls is validated again."""
+    g, x, q = _case(np.random.default_rng(7))
+    mask = [True, True]
+    gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    mask[0] = 1
+    with pytest.raises(GridSamplerError, match="output_mask"):
+        gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    mask[0] = False
+    dx, dq = gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    assert dx is None and dq is not None
+
+
+def test_alternating_signatures_give_their_own_results():
+    rng = np.random.default_rng(8)
+    cases = [_case(rng, C=c) for c in (1, 2, 3)]
+    want = [(gs3d.grid_sample_3d(x, q), gs3d.grid_sample_3d_backward(g, x, q))
+            for g, x, q in cases]
+    for r in range(3 * len(cases)):
+        g, x, q = cases[r % len(cases)]
+        wf, (wdx, wdq) = want[r % len(cases)]
+        assert _bits(gs3d.grid_sample_3d(x, q)) == _bits(wf)
+        dx, dq = gs3d.grid_sample_3d_backward(g, x, q)
+        assert _bits(dx) == _bits(wdx) and _bits(dq) == _bits(wdq)
+        if r == 4:
+            _api.clear_call_cache()
