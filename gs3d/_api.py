@@ -28,8 +28,9 @@ def _select_kernels():
 
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
-    GridSamplerError, Problem, as_input_array, check_output, check_problem, kernel_ready,
-    parse_deterministic, parse_num_threads, parse_output_mask, parse_bool, volume_shape,
+    MAX_THREADS, GridSamplerError, Problem, as_input_array, check_output, check_problem,
+    kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
+    volume_shape,
 )
 
 __all__ = [
@@ -98,17 +99,24 @@ def _compute_dtype(kind: str) -> np.dtype:
     return np.dtype(np.float64 if kind == "f8" else np.float32)
 
 
-class _Resources:
-    """Everything a kernel call needs besides its arrays (owned by a plan, or made per call)."""
+# (N, C, D, H, W) -> (N, D, H, W, C): the kernels' axis order
+_TO_NDHWC = (0, 2, 3, 4, 1)
 
-    __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
-                 "dummy_dg", "cl", "xcl")
+
+class _Resources:
+    """Everything a kernel call needs besides its arrays (owned by a plan, or pooled per call
+    signature for plain calls; see ``_Call``).  Used by one call at a time."""
+
+    __slots__ = ("pb", "kind", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
+                 "dummy_dg", "nbytes", "half", "perm", "mode", "padding", "align", "out_empty",
+                 "in_empty", "home", "plain_align", "cl", "xcl")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
         acc = _compute_dtype(pb.kind)
         store = np.uint16 if pb.kind in _HALF_KIND else acc     # float32/64 store what they compute
         D, H, W = pb.in_spatial
         self.pb = pb
+        self.kind = pb.kind
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
         self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
@@ -130,32 +138,19 @@ class _Resources:
         self.xcl = np.empty(D * H * W * pb.C if self.cl and not want_dx else 1, dtype=store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc, self.xcl,
-                                      self.dummy_dx, self.dummy_dg))
-
-    def forward(self, x, q, out) -> None:
-        pb = self.pb
-        _FORWARD[pb.kind](
-            _ndhwc(_storage(x, pb.kind), pb.channels_last), _storage(q, pb.kind),
-            _ndhwc(_storage(out, pb.kind), pb.channels_last), self.scratch, self.workspace,
-            pb.mode, pb.padding, pb.align, self.half_kind, self.nt, self.xcl)
-
-    def backward(self, g, x, q, dx, dg) -> None:
-        pb, cl = self.pb, self.pb.channels_last
-        if self.cl and dx is not None and self.xcl.size == 1 and not dx.flags.c_contiguous:
-            # the input copy cannot live in this input_grad: a buffer for it, once
-            self.xcl = np.empty(self.dx_acc.size, dtype=self.xcl.dtype)
-        _BACKWARD[pb.kind](
-            _ndhwc(_storage(g, pb.kind), cl), _ndhwc(_storage(x, pb.kind), cl),
-            _storage(q, pb.kind),
-            self.dummy_dx if dx is None else _ndhwc(_storage(dx, pb.kind), cl),
-            self.dummy_dg if dg is None else _storage(dg, pb.kind),
-            self.dx_acc, self.scratch, self.workspace,
-            pb.mode, pb.padding, pb.align, self.half_kind, dx is not None, dg is not None,
-            self.nt, self.xcl)
+        self.home: Optional[list] = None       # the pool list of a _Call, if pooled
+        self.nbytes = sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc,
+                                             self.xcl, self.dummy_dx, self.dummy_dg))
+        # precomputed per-call pieces: storage view, axis order, trailing kernel arguments
+        self.half = pb.kind in _HALF_KIND
+        self.perm = None if pb.channels_last else _TO_NDHWC
+        self.mode, self.padding, self.align = pb.mode, pb.padding, pb.align
+        self.out_empty = pb.N * pb.C * math.prod(pb.out_spatial) == 0    # output / grad_output
+        self.in_empty = pb.N * pb.C * D * H * W == 0
+        # a dtype whose alignment is its size: an aligned array's strides are multiples of it,
+        # so ``kernel_ready`` keeps every aligned array (checked inline by _forward/_backward)
+        dt = np.dtype(np.uint16 if self.half else acc)
+        self.plain_align = dt.alignment == dt.itemsize
 
 
 # GNU OpenMP cannot start a parallel region in a child forked after the parent used threads
@@ -166,8 +161,9 @@ _forked_child = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_child
+    global _forked_child, _calls_lock
     _forked_child = True
+    _calls_lock = threading.Lock()      # another parent thread may have held it at the fork
 
 
 if hasattr(os, "register_at_fork"):
@@ -186,13 +182,100 @@ def _threads(num_threads: Any, work: int) -> int:
     return threads
 
 
-def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype) -> Tuple[np.ndarray, np.ndarray]:
-    """(array returned to the caller, array the kernel writes): the latter is a temporary only
-    when a given buffer's strides or alignment do not fit the kernels."""
-    if given is None:
-        arr = np.empty(shape, dtype=dtype)
-        return arr, arr
-    return given, kernel_ready(given)
+# --------------------------------------------------------------------------------------------
+# per-call cache of plain calls: what the validation derived from (shapes, dtypes, options)
+# --------------------------------------------------------------------------------------------
+# A plain call with numpy arrays and plain option values looks its signature up here; a hit
+# means the same arguments passed every check before (the checks depend on nothing else), so
+# only the output buffers are checked again. Each entry pools a few idle scratch sets, taken
+# by one call at a time (list pop/append are atomic), so repeated small calls allocate nothing
+# but their results. Bounded: a few entries, a few small scratch sets each; no user arrays.
+_CALLS_MAX = 8                  # signatures remembered (oldest dropped first)
+_POOL_DEPTH = 2                 # idle scratch sets kept per signature
+_POOL_MAX_BYTES = 1 << 16       # bigger scratch is allocated per call (negligible next to the work)
+_calls: dict = {}
+_calls_lock = threading.Lock()
+_PLAIN = (str, int, bool, type(None))   # option types a signature may hold (1 != True here)
+# The last signature of each direction, matched by the identity of its option objects (plain
+# immutable values, so identity implies the same type and value) before any hashing: repeated
+# calls from one place in the caller's code pass the very same objects.
+_NEVER = object()
+_last_fwd: tuple = (_NEVER,) * 9
+_last_bwd: tuple = (_NEVER,) * 12
+
+
+class _Call:
+    """A validated call signature: its problem, result shape, thread rule and scratch pool."""
+
+    __slots__ = ("pb", "shape", "want_dx", "want_dg", "cap", "fixed_nt", "pool")
+
+    def __init__(self, pb: Problem, shape: tuple, num_threads: Any, want_dx: bool = False,
+                 want_dg: bool = False):
+        self.pb, self.shape, self.want_dx, self.want_dg = pb, shape, want_dx, want_dg
+        self.cap = max(1, (pb.N * math.prod(pb.out_spatial) * max(pb.C, 1)) // _WORK_PER_THREAD)
+        self.fixed_nt = None if num_threads is None else parse_num_threads(num_threads, 1)
+        self.pool: Tuple[int, list] = (0, [])      # (thread count, idle _Resources of it)
+
+    def threads(self) -> int:
+        """``_threads(num_threads, work)`` without re-parsing (OpenMP's default read each call)."""
+        if _forked_child:
+            return 1
+        if self.fixed_nt is not None:
+            return self.fixed_nt
+        if self.cap == 1:
+            return 1
+        return max(1, min(_kernels.max_threads(), MAX_THREADS, self.cap))
+
+    def acquire(self) -> _Resources:
+        """Idle scratch for this call's thread count, or new scratch.  Give it back with
+        ``_release``.  (``threads()`` is inlined: this runs on every cached call.)"""
+        if _forked_child or self.cap == 1 and self.fixed_nt is None:
+            nt = 1
+        elif self.fixed_nt is not None:
+            nt = self.fixed_nt
+        else:
+            nt = max(1, min(_kernels.max_threads(), MAX_THREADS, self.cap))
+        pool_nt, free = self.pool
+        if nt == pool_nt:
+            try:
+                return free.pop()
+            except IndexError:
+                pass
+        else:
+            free = []                       # the thread count changed: a pool for the new one
+            self.pool = (nt, free)
+        res = _Resources(self.pb, nt, self.want_dx)
+        if res.nbytes <= _POOL_MAX_BYTES:
+            res.home = free
+        return res
+
+
+def _release(res: _Resources) -> None:
+    """Back to the pool it was made for (a list holds only scratch of its thread count)."""
+    free = res.home
+    if free is not None and len(free) < _POOL_DEPTH:
+        free.append(res)
+
+
+def _remember(key: Optional[tuple], call: _Call, options: tuple) -> bool:
+    """Cache ``call`` under ``key`` when its options are of plain types (never subclasses or
+    numpy scalars, whose equality would blur 1 and True); True when cached."""
+    if key is None or not all(v.__class__ in _PLAIN for v in options):
+        return False
+    with _calls_lock:
+        if key not in _calls:
+            while len(_calls) >= _CALLS_MAX:
+                del _calls[next(iter(_calls))]
+            _calls[key] = call
+    return True
+
+
+def clear_call_cache() -> None:
+    """Forget the cached call signatures and their scratch (tests, memory accounting)."""
+    global _last_fwd, _last_bwd
+    with _calls_lock:
+        _calls.clear()
+        _last_fwd, _last_bwd = (_NEVER,) * 9, (_NEVER,) * 12
 
 
 # --------------------------------------------------------------------------------------------
@@ -233,22 +316,81 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
         For any invalid argument (``.code`` 161001 for a missing tensor, 161002 otherwise);
         nothing is written then.
     """
+    global _last_fwd
+    m = _last_fwd
+    if (mode is m[0] and padding_mode is m[1] and align_corners is m[2] and layout is m[3]
+            and num_threads is m[4] and input.__class__ is np.ndarray
+            and grid.__class__ is np.ndarray and input.dtype is m[5] and grid.dtype is m[5]
+            and input.shape == m[6] and grid.shape == m[7]):
+        call = m[8]
+    else:
+        key = call = None
+        if input.__class__ is np.ndarray and grid.__class__ is np.ndarray:
+            try:
+                key = (input.shape, grid.shape, input.dtype, grid.dtype, mode, mode.__class__,
+                       padding_mode, padding_mode.__class__, align_corners,
+                       align_corners.__class__, layout, layout.__class__, num_threads,
+                       num_threads.__class__)
+                call = _calls.get(key)
+            except Exception:   # noqa: BLE001 - an unhashable option: the full checks report it
+                key = call = None
+            if call is not None:
+                _last_fwd = (mode, padding_mode, align_corners, layout, num_threads, input.dtype,
+                             input.shape, grid.shape, call)
+    if call is not None:
+        # a signature validated before: only the output buffer is new
+        if out is not None:
+            out = _run_output(out, "out", call.shape, input.dtype,
+                              (("input", input), ("grid", grid)))
+        res = call.acquire()
+        try:
+            return _forward(res, input, grid, out, call.shape)
+        finally:
+            _release(res)
     x = as_input_array(input, "input")
     q = as_input_array(grid, "grid")
     pb = check_problem(x, q, None, mode, padding_mode, align_corners, layout)
     shape = volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last)
-    nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
+    _threads(num_threads, 0)        # validates num_threads (the _Call applies the rule)
     if out is not None:
         check_output(out, "out", shape, x.dtype, (("input", x), ("grid", q)))
-    return _forward(_Resources(pb, nt, False), x, q, out, shape)
+    call = _Call(pb, shape, num_threads)
+    if _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads)):
+        _last_fwd = (mode, padding_mode, align_corners, layout, num_threads, x.dtype, x.shape,
+                     q.shape, call)
+    res = call.acquire()
+    try:
+        return _forward(res, x, q, out, shape)
+    finally:
+        _release(res)
 
 
 def _forward(res: _Resources, x, q, out, shape):
-    result, target = _output(out, shape, x.dtype)
-    if target.size:
-        res.forward(kernel_ready(x), kernel_ready(q), target)
-        if target is not result:
-            result[...] = target
+    """Run the forward into ``out`` (a new array when None) and return it.  One flat function:
+    at the worked-example size each Python call level costs a noticeable part of the call."""
+    if out is None:
+        result = target = np.empty(shape, x.dtype)      # fresh memory is aligned
+    else:
+        result = target = out
+        if not (res.plain_align and out.flags.aligned):
+            target = kernel_ready(out)
+    if res.out_empty:
+        return result
+    if not (res.plain_align and x.flags.aligned):
+        x = kernel_ready(x)
+    if not (res.plain_align and q.flags.aligned):
+        q = kernel_ready(q)
+    t = target
+    if res.half:
+        x, q, t = x.view(np.uint16), q.view(np.uint16), t.view(np.uint16)
+    perm = res.perm
+    if perm is not None:
+        x, t = x.transpose(perm), t.transpose(perm)
+    # positional arguments: a *args call costs a tuple and Cython's slower argument parsing
+    _FORWARD[res.kind](x, q, t, res.scratch, res.workspace, res.mode, res.padding, res.align,
+                       res.half_kind, res.nt, res.xcl)
+    if target is not result:
+        result[...] = target
     return result
 
 
@@ -288,41 +430,132 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
     GridSamplerError
         For any invalid argument; nothing is written then.
     """
+    global _last_bwd
+    m = _last_bwd
+    if (mode is m[0] and padding_mode is m[1] and align_corners is m[2] and layout is m[3]
+            and num_threads is m[4] and deterministic is m[5] and output_mask is m[6]
+            and grad_output.__class__ is np.ndarray and input.__class__ is np.ndarray
+            and grid.__class__ is np.ndarray and grad_output.dtype is m[7]
+            and input.dtype is m[7] and grid.dtype is m[7] and grad_output.shape == m[8]
+            and input.shape == m[9] and grid.shape == m[10]):
+        call = m[11]
+    else:
+        key = call = None
+        if (grad_output.__class__ is np.ndarray and input.__class__ is np.ndarray
+                and grid.__class__ is np.ndarray):
+            try:
+                om = output_mask
+                key = (grad_output.shape, input.shape, grid.shape, grad_output.dtype,
+                       input.dtype, grid.dtype, mode, mode.__class__, padding_mode,
+                       padding_mode.__class__, align_corners, align_corners.__class__, layout,
+                       layout.__class__, num_threads, num_threads.__class__, deterministic,
+                       deterministic.__class__, om.__class__, len(om), om[0], om[0].__class__,
+                       om[1], om[1].__class__)
+                call = _calls.get(key)
+            except Exception:   # noqa: BLE001 - an odd option: the full checks report it
+                key = call = None
+            if call is not None and output_mask.__class__ is tuple:     # immutable: memo
+                _last_bwd = (mode, padding_mode, align_corners, layout, num_threads,
+                             deterministic, output_mask, input.dtype, grad_output.shape,
+                             input.shape, grid.shape, call)
+    if call is not None:
+        # a signature validated before: only the output buffers are new
+        want_dx, want_dg = call.want_dx, call.want_dg
+        if input_grad is not None or grid_grad is not None:
+            inputs = (("grad_output", grad_output), ("input", input), ("grid", grid))
+            if want_dx and input_grad is not None:
+                input_grad = _run_output(input_grad, "input_grad", input.shape, input.dtype,
+                                         inputs)
+            if want_dg and grid_grad is not None:
+                grid_grad = _run_output(grid_grad, "grid_grad", grid.shape, grid.dtype, inputs,
+                                        (("input_grad", input_grad if want_dx else None),))
+        res = call.acquire()
+        try:
+            return _backward(res, grad_output, input, grid, want_dx, want_dg, input_grad,
+                             grid_grad)
+        finally:
+            _release(res)
     g = as_input_array(grad_output, "grad_output")
     x = as_input_array(input, "input")
     q = as_input_array(grid, "grid")
     pb = check_problem(x, q, g, mode, padding_mode, align_corners, layout)
     want_dx, want_dg = parse_output_mask(output_mask)
     parse_deterministic(deterministic)
-    nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
+    _threads(num_threads, 0)        # validates num_threads (the _Call applies the rule)
     inputs = (("grad_output", g), ("input", x), ("grid", q))
     if want_dx and input_grad is not None:
         check_output(input_grad, "input_grad", x.shape, x.dtype, inputs)
     if want_dg and grid_grad is not None:
         check_output(grid_grad, "grid_grad", q.shape, q.dtype, inputs,
                      (("input_grad", input_grad if want_dx else None),))
-    return _backward(_Resources(pb, nt, want_dx), g, x, q, want_dx, want_dg,
-                     input_grad, grid_grad)
+    call = _Call(pb, x.shape, num_threads, want_dx, want_dg)
+    if (key is not None and output_mask.__class__ in (tuple, list) and len(output_mask) == 2
+            and _remember(key, call, (mode, padding_mode, align_corners, layout, num_threads,
+                                      deterministic, *output_mask))
+            and output_mask.__class__ is tuple):
+        _last_bwd = (mode, padding_mode, align_corners, layout, num_threads, deterministic,
+                     output_mask, x.dtype, g.shape, x.shape, q.shape, call)
+    res = call.acquire()
+    try:
+        return _backward(res, g, x, q, want_dx, want_dg, input_grad, grid_grad)
+    finally:
+        _release(res)
 
 
 def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad):
+    """Run the backward into the given buffers (new arrays when None); flat like _forward."""
     dx = dx_k = dg = dg_k = None
+    pa = res.plain_align
     if want_dx:
-        dx, dx_k = _output(input_grad, x.shape, x.dtype)
+        if input_grad is None:
+            dx = dx_k = np.empty(x.shape, x.dtype)
+        else:
+            dx = dx_k = input_grad
+            if not (pa and dx.flags.aligned):
+                dx_k = kernel_ready(dx)
     if want_dg:
-        dg, dg_k = _output(grid_grad, q.shape, q.dtype)
-    if g.size == 0 or x.size == 0:
+        if grid_grad is None:
+            dg = dg_k = np.empty(q.shape, q.dtype)
+        else:
+            dg = dg_k = grid_grad
+            if not (pa and dg.flags.aligned):
+                dg_k = kernel_ready(dg)
+    if res.out_empty or res.in_empty:
         # nothing samples the input (N, C or the output size is 0): zero gradients
         for arr in (dx, dg):
             if arr is not None:
                 arr[...] = 0
         return dx, dg
-    if want_dx or want_dg:
-        res.backward(kernel_ready(g), kernel_ready(x), kernel_ready(q), dx_k, dg_k)
-        if dx is not None and dx_k is not dx:
-            dx[...] = dx_k
-        if dg is not None and dg_k is not dg:
-            dg[...] = dg_k
+    if not (want_dx or want_dg):
+        return dx, dg
+    if not (pa and g.flags.aligned):
+        g = kernel_ready(g)
+    if not (pa and x.flags.aligned):
+        x = kernel_ready(x)
+    if not (pa and q.flags.aligned):
+        q = kernel_ready(q)
+    dxv: Any = dx_k if want_dx else res.dummy_dx
+    dgv: Any = dg_k if want_dg else res.dummy_dg
+    if res.half:
+        g, x, q = g.view(np.uint16), x.view(np.uint16), q.view(np.uint16)
+        if want_dx:
+            dxv = dxv.view(np.uint16)
+        if want_dg:
+            dgv = dgv.view(np.uint16)
+    perm = res.perm
+    if perm is not None:
+        g, x = g.transpose(perm), x.transpose(perm)
+        if want_dx:
+            dxv = dxv.transpose(perm)
+    if res.cl and dx_k is not None and res.xcl.size == 1 and not dx_k.flags.c_contiguous:
+        # the channels-last input copy cannot live in this input_grad: a buffer for it, once
+        res.xcl = np.empty(res.dx_acc.size, dtype=res.xcl.dtype)
+    _BACKWARD[res.kind](g, x, q, dxv, dgv, res.dx_acc, res.scratch, res.workspace, res.mode,
+                        res.padding, res.align, res.half_kind, want_dx, want_dg, res.nt, res.xcl)
+    if dx is not None and dx_k is not dx:
+        dx[...] = dx_k
+    if dg is not None and dg_k is not dg:
+        dg[...] = dg_k
     return dx, dg
 
 
@@ -368,15 +601,28 @@ def _run_input(arr: Any, name: str, shape: tuple, dtype: np.dtype) -> np.ndarray
     return arr
 
 
+# np.may_share_memory without the __array_function__ dispatch (only ndarrays reach it here)
+_may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
+
+
 def _run_output(out: Any, name: str, shape: tuple, dtype: np.dtype, inputs: tuple,
                 others: tuple = ()) -> np.ndarray:
-    """Cheap checks of a given output; the exact (slower) overlap checks run only when the
-    quick tests cannot clear the buffer."""
-    if (isinstance(out, np.ndarray) and out.shape == shape and out.dtype == dtype
-            and out.flags.writeable and (out.flags.c_contiguous or out.flags.f_contiguous)
-            and not any(np.may_share_memory(out, a) for _, a in inputs + others
-                        if a is not None)):
-        return out
+    """Cheap checks of a given output; the exact (slower) checks of ``check_output`` run only
+    when the quick tests cannot clear the buffer (so the errors are the same).  Two arrays that
+    each own their memory cannot overlap; other pairs go through ``np.may_share_memory``."""
+    if (out.__class__ is np.ndarray and out.shape == shape
+            and (out.dtype is dtype or out.dtype == dtype)):
+        flags = out.flags
+        if flags.writeable and (flags.c_contiguous or flags.f_contiguous):
+            owner = flags.owndata and out.base is None
+            for _, a in inputs + others if others else inputs:
+                if a is None or (owner and a is not out and a.base is None
+                                 and a.flags.owndata):
+                    continue
+                if _may_share(out, a):
+                    break
+            else:
+                return out
     return check_output(out, name, shape, dtype, inputs, others)
 
 
@@ -404,13 +650,22 @@ class ForwardPlan:
         self.workspace_size = self._res.nbytes
 
     def __call__(self, input, grid, *, out=None) -> np.ndarray:
-        x = _run_input(input, "input", self.input_shape, self.dtype)
-        q = _run_input(grid, "grid", self.grid_shape, self.dtype)
+        x, q, dt = input, grid, self.dtype
+        if not (x.__class__ is np.ndarray and x.shape == self.input_shape
+                and (x.dtype is dt or x.dtype == dt)):
+            x = _run_input(x, "input", self.input_shape, dt)
+        if not (q.__class__ is np.ndarray and q.shape == self.grid_shape
+                and (q.dtype is dt or q.dtype == dt)):
+            q = _run_input(q, "grid", self.grid_shape, dt)
         if out is not None:
             out = _run_output(out, "out", self.output_shape, self.dtype,
                               (("input", x), ("grid", q)))
-        with self._lock:
+        lock = self._lock
+        lock.acquire()      # cheaper than a with statement at this size
+        try:
             return _forward(self._res, x, q, out, self.output_shape)
+        finally:
+            lock.release()
 
 
 class BackwardPlan:
@@ -441,18 +696,29 @@ class BackwardPlan:
         self.workspace_size = self._res.nbytes
 
     def __call__(self, grad_output, input, grid, *, input_grad=None, grid_grad=None):
-        g = _run_input(grad_output, "grad_output", self.grad_output_shape, self.dtype)
-        x = _run_input(input, "input", self.input_shape, self.dtype)
-        q = _run_input(grid, "grid", self.grid_shape, self.dtype)
+        g, x, q, dt = grad_output, input, grid, self.dtype
+        if not (g.__class__ is np.ndarray and g.shape == self.grad_output_shape
+                and (g.dtype is dt or g.dtype == dt)):
+            g = _run_input(g, "grad_output", self.grad_output_shape, dt)
+        if not (x.__class__ is np.ndarray and x.shape == self.input_shape
+                and (x.dtype is dt or x.dtype == dt)):
+            x = _run_input(x, "input", self.input_shape, dt)
+        if not (q.__class__ is np.ndarray and q.shape == self.grid_shape
+                and (q.dtype is dt or q.dtype == dt)):
+            q = _run_input(q, "grid", self.grid_shape, dt)
         inputs = (("grad_output", g), ("input", x), ("grid", q))
         if self.want_dx and input_grad is not None:
             input_grad = _run_output(input_grad, "input_grad", self.input_shape, self.dtype, inputs)
         if self.want_dg and grid_grad is not None:
             grid_grad = _run_output(grid_grad, "grid_grad", self.grid_shape, self.dtype, inputs,
                                     (("input_grad", input_grad if self.want_dx else None),))
-        with self._lock:
+        lock = self._lock
+        lock.acquire()      # cheaper than a with statement at this size
+        try:
             return _backward(self._res, g, x, q, self.want_dx, self.want_dg, input_grad,
                              grid_grad)
+        finally:
+            lock.release()
 
 
 def plan_forward(input_shape, grid_shape, dtype, **options) -> ForwardPlan:

@@ -1,0 +1,245 @@
+"""The per-call signature cache of the plain functions (gs3d._api._calls) and the quick checks
+of plans: same results, same errors, bounded, safe from several threads."""
+import threading
+
+import numpy as np
+import pytest
+
+import gs3d
+from gs3d import GridSamplerError, _api
+from conftest import np_dtype
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    _api.clear_call_cache()
+    yield
+    _api.clear_call_cache()
+
+
+def _case(rng, dtype="float32", layout="NCDHW", C=3):
+    dt = np_dtype(dtype)
+    x = rng.standard_normal((2, C, 5, 6, 7)).astype(dt)
+    g = rng.standard_normal((2, C, 4, 5, 3)).astype(dt)
+    q = rng.uniform(-1.2, 1.2, (2, 4, 5, 3, 3)).astype(dt)
+    if layout == "NDHWC":
+        x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
+    return g, x, q
+
+
+def _bits(a):
+    return None if a is None else np.ascontiguousarray(a).view(np.uint8).tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_cached_calls_give_the_first_calls_bits(dtype, layout):
+    g, x, q = _case(np.random.default_rng(0), dtype, layout)
+    kw = dict(layout=layout, mode="nearest", padding_mode="border", align_corners=True)
+    fwd = [gs3d.grid_sample_3d(x, q, **kw) for _ in range(3)]
+    bwd = [gs3d.grid_sample_3d_backward(g, x, q, **kw) for _ in range(3)]
+    assert len(_api._calls) == 2
+    out = np.full_like(fwd[0], 7)
+    dx, dq = np.full_like(x, 7), np.full_like(q, 7)
+    assert gs3d.grid_sample_3d(x, q, out=out, **kw) is out
+    r = gs3d.grid_sample_3d_backward(g, x, q, input_grad=dx, grid_grad=dq, **kw)
+    assert r[0] is dx and r[1] is dq
+    for a in fwd[1:] + [out]:
+        assert _bits(a) == _bits(fwd[0])
+    for a, b in bwd[1:] + [(dx, dq)]:
+        assert _bits(a) == _bits(bwd[0][0]) and _bits(b) == _bits(bwd[0][1])
+    # and what a plan (which never uses the cache) gives
+    plan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype, **kw)
+    assert all(_bits(a) == _bits(b) for a, b in zip(plan(g, x, q), bwd[0]))
+
+
+def test_masks_are_part_of_the_signature():
+    g, x, q = _case(np.random.default_rng(1))
+    full = gs3d.grid_sample_3d_backward(g, x, q)
+    for mask in ([True, False], (False, True), (False, False), [True, False]):
+        got = gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+        for want_it, a, b in zip(mask, got, full):
+            assert (a is None) != want_it
+            if want_it:
+                assert _bits(a) == _bits(b)
+
+
+@pytest.mark.parametrize("good,bad", [
+    (dict(align_corners=True), dict(align_corners=1)),
+    (dict(align_corners=False), dict(align_corners=0)),
+    (dict(mode=0), dict(mode=False)),
+    (dict(padding_mode=1), dict(padding_mode=True)),
+    (dict(num_threads=1), dict(num_threads=True)),
+    (dict(output_mask=(True, True)), dict(output_mask=(1, 1))),
+    (dict(output_mask=[True, False]), dict(output_mask=[1, 0])),
+    (dict(output_mask=(True, True)), dict(output_mask=(True, True, True))),
+    (dict(deterministic=True), dict(deterministic=1)),
+])
+def test_a_cached_signature_does_not_accept_equal_values_of_other_types(good, bad):
+    """1 == True and hash(1) == hash(True): the cache must not let a rejected value in."""
+    g, x, q = _case(np.random.default_rng(2))
+    backward_only = {"output_mask", "deterministic"}
+    ops = ["bwd"] if set(good) & backward_only else ["fwd", "bwd"]
+    for op in ops:
+        run = ((lambda **k: gs3d.grid_sample_3d(x, q, **k)) if op == "fwd" else
+               (lambda **k: gs3d.grid_sample_3d_backward(g, x, q, **k)))
+        run(**good)
+        run(**good)
+        with pytest.raises(GridSamplerError):
+            run(**bad)
+
+
+def test_output_errors_on_a_cached_signature_write_nothing():
+    g, x, q = _case(np.random.default_rng(3))
+    gs3d.grid_sample_3d(x, q)
+    gs3d.grid_sample_3d_backward(g, x, q)
+    with pytest.raises(GridSamplerError, match="overlaps the input input"):
+        gs3d.grid_sample_3d(x, q, out=x[:, :, :4, :5, :3])
+    ro = np.full(g.shape, 7, g.dtype)
+    ro.flags.writeable = False
+    with pytest.raises(GridSamplerError, match="read-only"):
+        gs3d.grid_sample_3d(x, q, out=ro)
+    dx, dq = np.full_like(x, 7), np.full_like(q, 7)
+    with pytest.raises(GridSamplerError, match="grid_grad overlaps the input grid"):
+        gs3d.grid_sample_3d_backward(g, x, q, input_grad=dx, grid_grad=q)
+    assert (dx == 7).all() and (dq == 7).all()
+    with pytest.raises(GridSamplerError, match="input_grad overlaps the input input"):
+        gs3d.grid_sample_3d_backward(g, x, q, input_grad=x, grid_grad=dq)
+    with pytest.raises(GridSamplerError, match="grid_grad overlaps input_grad"):
+        gs3d.grid_sample_3d_backward(g, x, q, input_grad=dx,
+                                     grid_grad=dx.reshape(-1)[:q.size].reshape(q.shape))
+    assert (dx == 7).all() and (dq == 7).all()
+
+
+def test_cache_and_pools_are_bounded():
+    rng = np.random.default_rng(4)
+    for n in range(3 * _api._CALLS_MAX):
+        x = rng.standard_normal((1, 1, 2, 2, 2 + n)).astype(np.float32)
+        q = rng.uniform(-1, 1, (1, 1, 1, 2, 3)).astype(np.float32)
+        gs3d.grid_sample_3d(x, q)
+        assert len(_api._calls) <= _api._CALLS_MAX
+    # a big problem's scratch is not kept
+    x = np.zeros((1, 1, 4, 4, 4), np.float16)
+    q = np.zeros((1, 64, 64, 8, 3), np.float16)
+    g = np.zeros((1, 1, 64, 64, 8), np.float16)
+    gs3d.grid_sample_3d_backward(g, x, q, num_threads=4)
+    call = next(c for c in _api._calls.values() if c.pb.kind == "f2")
+    assert _api._Resources(call.pb, 4, True).nbytes > _api._POOL_MAX_BYTES
+    assert call.pool[1] == []
+    # at most _POOL_DEPTH idle scratch sets per signature, however many threads called it
+    g, x, q = _case(rng)
+    results, barrier = [], threading.Barrier(6)
+
+    def work():
+        barrier.wait()
+        for _ in range(20):
+            results.append(gs3d.grid_sample_3d_backward(g, x, q, num_threads=1))
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for call in _api._calls.values():
+        assert len(call.pool[1]) <= _api._POOL_DEPTH
+    assert all(_bits(a) == _bits(results[0][0]) for a, _ in results)
+
+
+def test_threads_through_the_cache_give_serial_results():
+    rng = np.random.default_rng(5)
+    cases = [_case(rng, dt, lay) for dt in ("float32", "float16") for lay in ("NCDHW", "NDHWC")]
+    lays = ["NCDHW", "NDHWC"] * 2
+    want = [(gs3d.grid_sample_3d_backward(g, x, q, layout=lay),
+             gs3d.grid_sample_3d(x, q, layout=lay)) for (g, x, q), lay in zip(cases, lays)]
+    errors, barrier = [], threading.Barrier(8)
+
+    def work(i):
+        (g, x, q), lay = cases[i % 4], lays[i % 4]
+        try:
+            barrier.wait()
+            for r in range(30):
+                nt = None if r % 2 else 1 + r % 3
+                dx, dq = gs3d.grid_sample_3d_backward(g, x, q, layout=lay, num_threads=nt)
+                out = gs3d.grid_sample_3d(x, q, layout=lay, num_threads=nt)
+                (wdx, wdq), wout = want[i % 4]
+                assert _bits(dx) == _bits(wdx) and _bits(dq) == _bits(wdq)
+                assert _bits(out) == _bits(wout)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("num_threads", [None, 1, 2, 3, 10 ** 6])
+@pytest.mark.parametrize("size", [(1, 1, 2, 2, 3), (2, 16, 32, 32, 3), (1, 64, 64, 64, 3)])
+def test_cached_thread_count_follows_the_rules(num_threads, size, monkeypatch):
+    """_Call.threads() is _threads(num_threads, work): OpenMP's default read at each call,
+    reduced for small calls; one thread in a forked child."""
+    x = np.zeros((size[0], 8, 4, 4, 4), np.float32)
+    q = np.zeros(size, np.float32)
+    pb = gs3d._validation.check_problem(x, q, None, "bilinear", "zeros", False, "NCDHW")
+    call = _api._Call(pb, (), num_threads)
+    work = pb.N * int(np.prod(pb.out_spatial)) * pb.C
+    for default in (1, 2, 5):
+        monkeypatch.setattr(_api._kernels, "max_threads", lambda d=default: d)
+        assert call.threads() == call.acquire().nt == _api._threads(num_threads, work)
+    monkeypatch.setattr(_api, "_forked_child", True)
+    assert call.threads() == call.acquire().nt == 1 == _api._threads(num_threads, work)
+
+
+def test_plan_quick_checks_keep_the_errors():
+    g, x, q = _case(np.random.default_rng(6))
+    plan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype)
+    fplan = gs3d.plan_forward(x.shape, q.shape, x.dtype)
+    dx, dq, out = np.full_like(x, 7), np.full_like(q, 7), np.full_like(g, 7)
+    with pytest.raises(GridSamplerError, match="planned shape"):
+        plan(g, x[:1], q)
+    with pytest.raises(GridSamplerError, match="planned shape"):
+        fplan(x, q.astype(np.float64))
+    with pytest.raises(GridSamplerError, match="input_grad overlaps the input input"):
+        plan(g, x, q, input_grad=x, grid_grad=dq)
+    with pytest.raises(GridSamplerError, match="grid_grad overlaps input_grad"):
+        plan(g, x, q, input_grad=dx, grid_grad=dx.reshape(-1)[-q.size:].reshape(q.shape))
+    with pytest.raises(GridSamplerError, match="out overlaps the input input"):
+        fplan(x, q, out=x.reshape(-1)[:g.size].reshape(g.shape))
+    assert (dx == 7).all() and (dq == 7).all() and (out == 7).all()
+    # views that do not overlap are accepted (they go through np.may_share_memory)
+    big = np.full((2,) + out.shape, 7, out.dtype)
+    view = big[1]
+    assert fplan(x, q, out=view) is view
+    assert _bits(view) == _bits(fplan(x, q)) and (big[0] == 7).all()
+
+
+def test_a_mutated_mask_list_is_checked_again():
+    """The last-signature memo matches options by identity, so it must never hold a mutable
+    object: a list mask changed in place between calls is validated again."""
+    g, x, q = _case(np.random.default_rng(7))
+    mask = [True, True]
+    gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    mask[0] = 1
+    with pytest.raises(GridSamplerError, match="output_mask"):
+        gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    mask[0] = False
+    dx, dq = gs3d.grid_sample_3d_backward(g, x, q, output_mask=mask)
+    assert dx is None and dq is not None
+
+
+def test_alternating_signatures_give_their_own_results():
+    rng = np.random.default_rng(8)
+    cases = [_case(rng, C=c) for c in (1, 2, 3)]
+    want = [(gs3d.grid_sample_3d(x, q), gs3d.grid_sample_3d_backward(g, x, q))
+            for g, x, q in cases]
+    for r in range(3 * len(cases)):
+        g, x, q = cases[r % len(cases)]
+        wf, (wdx, wdq) = want[r % len(cases)]
+        assert _bits(gs3d.grid_sample_3d(x, q)) == _bits(wf)
+        dx, dq = gs3d.grid_sample_3d_backward(g, x, q)
+        assert _bits(dx) == _bits(wdx) and _bits(dq) == _bits(wdq)
+        if r == 4:
+            _api.clear_call_cache()
