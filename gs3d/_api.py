@@ -340,8 +340,7 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
     if call is not None:
         # a signature validated before: only the output buffer is new
         if out is not None:
-            out = _run_output(out, "out", call.shape, input.dtype,
-                              (("input", input), ("grid", grid)))
+            out = _check_out(out, call.shape, input.dtype, input, grid)
         res = call.acquire()
         try:
             return _forward(res, input, grid, out, call.shape)
@@ -462,13 +461,8 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
         # a signature validated before: only the output buffers are new
         want_dx, want_dg = call.want_dx, call.want_dg
         if input_grad is not None or grid_grad is not None:
-            inputs = (("grad_output", grad_output), ("input", input), ("grid", grid))
-            if want_dx and input_grad is not None:
-                input_grad = _run_output(input_grad, "input_grad", input.shape, input.dtype,
-                                         inputs)
-            if want_dg and grid_grad is not None:
-                grid_grad = _run_output(grid_grad, "grid_grad", grid.shape, grid.dtype, inputs,
-                                        (("input_grad", input_grad if want_dx else None),))
+            input_grad, grid_grad = _check_outs(input_grad, grid_grad, want_dx, want_dg,
+                                                grad_output, input, grid)
         res = call.acquire()
         try:
             return _backward(res, grad_output, input, grid, want_dx, want_dg, input_grad,
@@ -626,6 +620,51 @@ def _run_output(out: Any, name: str, shape: tuple, dtype: np.dtype, inputs: tupl
     return check_output(out, name, shape, dtype, inputs, others)
 
 
+def _owned_output(out: Any, shape: tuple, dtype: np.dtype) -> bool:
+    """True when ``out`` is certainly a valid output apart from overlap with other arrays: an
+    ndarray of ``shape`` and ``dtype``, writeable, contiguous (so no self-overlap) and owning
+    its memory (so it overlaps no other array that owns its own)."""
+    if (out.__class__ is np.ndarray and out.base is None and out.shape == shape
+            and (out.dtype is dtype or out.dtype == dtype)):
+        f = out.flags
+        return f.owndata and f.writeable and (f.c_contiguous or f.f_contiguous)
+    return False
+
+
+def _check_out(out: Any, shape: tuple, dtype: np.dtype, x: np.ndarray,
+               q: np.ndarray) -> np.ndarray:
+    """The forward's ``out`` checks of a validated signature: the quick ownership test when
+    every array owns its memory, else ``_run_output`` (same errors as ``check_output``)."""
+    if (out is not x and out is not q and x.base is None and q.base is None
+            and _owned_output(out, shape, dtype) and x.flags.owndata and q.flags.owndata):
+        return out
+    return _run_output(out, "out", shape, dtype, (("input", x), ("grid", q)))
+
+
+def _check_outs(input_grad: Any, grid_grad: Any, want_dx: bool, want_dg: bool, g: np.ndarray,
+                x: np.ndarray, q: np.ndarray) -> Tuple[Any, Any]:
+    """The backward's buffer checks of a validated signature (in check_output's order): quick
+    when every array owns its memory, else ``_run_output``."""
+    owned = (g.base is None and x.base is None and q.base is None and g.flags.owndata
+             and x.flags.owndata and q.flags.owndata)
+    inputs = (("grad_output", g), ("input", x), ("grid", q))
+    dx_owned = False
+    if want_dx and input_grad is not None:
+        if (owned and input_grad is not g and input_grad is not x and input_grad is not q
+                and _owned_output(input_grad, x.shape, x.dtype)):
+            dx_owned = True
+        else:
+            input_grad = _run_output(input_grad, "input_grad", x.shape, x.dtype, inputs)
+    if want_dg and grid_grad is not None:
+        dx = input_grad if want_dx else None
+        if not (owned and grid_grad is not g and grid_grad is not x and grid_grad is not q
+                and (dx is None or dx_owned and grid_grad is not dx)
+                and _owned_output(grid_grad, q.shape, q.dtype)):
+            grid_grad = _run_output(grid_grad, "grid_grad", q.shape, q.dtype, inputs,
+                                    (("input_grad", dx),))
+    return input_grad, grid_grad
+
+
 class ForwardPlan:
     """A validated forward for fixed shapes, dtype and options, owning its scratch memory.
 
@@ -658,8 +697,7 @@ class ForwardPlan:
                 and (q.dtype is dt or q.dtype == dt)):
             q = _run_input(q, "grid", self.grid_shape, dt)
         if out is not None:
-            out = _run_output(out, "out", self.output_shape, self.dtype,
-                              (("input", x), ("grid", q)))
+            out = _check_out(out, self.output_shape, dt, x, q)
         lock = self._lock
         lock.acquire()      # cheaper than a with statement at this size
         try:
@@ -706,12 +744,9 @@ class BackwardPlan:
         if not (q.__class__ is np.ndarray and q.shape == self.grid_shape
                 and (q.dtype is dt or q.dtype == dt)):
             q = _run_input(q, "grid", self.grid_shape, dt)
-        inputs = (("grad_output", g), ("input", x), ("grid", q))
-        if self.want_dx and input_grad is not None:
-            input_grad = _run_output(input_grad, "input_grad", self.input_shape, self.dtype, inputs)
-        if self.want_dg and grid_grad is not None:
-            grid_grad = _run_output(grid_grad, "grid_grad", self.grid_shape, self.dtype, inputs,
-                                    (("input_grad", input_grad if self.want_dx else None),))
+        if input_grad is not None or grid_grad is not None:
+            input_grad, grid_grad = _check_outs(input_grad, grid_grad, self.want_dx,
+                                                self.want_dg, g, x, q)
         lock = self._lock
         lock.acquire()      # cheaper than a with statement at this size
         try:

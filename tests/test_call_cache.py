@@ -243,3 +243,81 @@ def test_alternating_signatures_give_their_own_results():
         assert _bits(dx) == _bits(wdx) and _bits(dq) == _bits(wdq)
         if r == 4:
             _api.clear_call_cache()
+
+
+def _message(fn):
+    with pytest.raises(GridSamplerError) as ei:
+        fn()
+    return ei.value.code, str(ei.value)
+
+
+def _overlap_cases(x, q, go):
+    """(target, bad buffer) pairs that share memory with an input or the other output."""
+    flat_x, flat_go = x.reshape(-1), go.reshape(-1)
+    return [
+        ("out", flat_x[:go.size].reshape(go.shape) if x.size >= go.size else None),
+        ("input_grad", x), ("input_grad", flat_go[:x.size].reshape(x.shape)
+                            if go.size >= x.size else None),
+        ("grid_grad", q), ("grid_grad", q[::-1]), ("input_grad", x[:, ::-1]),
+    ]
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_plans_reject_bad_buffers_like_the_functions(layout):
+    """Plans and cached signatures share the quick output checks; every rejection must match
+    the plain function's (cold cache) error and write nothing."""
+    import test_errors as te
+    x, q, go = te.make(layout=layout, N=2, C=3, D=4, H=5, W=6, Do=4, Ho=5, Wo=6)
+    fplan = gs3d.plan_forward(x.shape, q.shape, x.dtype, layout=layout)
+    bplan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, layout=layout)
+    cases = [(t, te.BUFFER_CASES[c](te.buffers("fwd" if t == "out" else "bwd", x, q, go)[t],
+                                    layout))
+             for c in sorted(te.BUFFER_CASES) if c != "torch_tensor"
+             for t in ("out", "input_grad", "grid_grad")]
+    cases += [c for c in _overlap_cases(x, q, go) if c[1] is not None]
+    dx = np.full(x.shape, 7.0)
+    cases.append(("grid_grad", dx.reshape(-1)[:q.size].reshape(q.shape)))
+    for target, bad in cases:
+        if target == "out":
+            bufs = {"out": bad}
+            plain = lambda: gs3d.grid_sample_3d(x, q, layout=layout, **bufs)  # noqa: E731
+            planned = lambda: fplan(x, q, **bufs)  # noqa: E731
+        else:
+            bufs = te.buffers("bwd", x, q, go)
+            if target == "grid_grad":
+                bufs["input_grad"] = dx
+            bufs[target] = bad
+            plain = lambda: gs3d.grid_sample_3d_backward(go, x, q, layout=layout, **bufs)  # noqa: E731,E501
+            planned = lambda: bplan(go, x, q, **bufs)  # noqa: E731
+        snap = te.snapshot(list(bufs.values()) + [x, q, go, dx])
+        _api.clear_call_cache()
+        want = _message(plain)
+        gs3d.grid_sample_3d(x, q, layout=layout)          # warm the cache: same errors
+        gs3d.grid_sample_3d_backward(go, x, q, layout=layout)
+        assert _message(plain) == want, (target, bad)
+        assert _message(planned) == want, (target, bad)
+        te.assert_unchanged(snap)
+
+
+def test_quick_output_checks_accept_what_check_output_accepts():
+    """Buffers the ownership test cannot clear (views) are still accepted when valid."""
+    g, x, q = _case(np.random.default_rng(9))
+    want_out = gs3d.grid_sample_3d(x, q)
+    want_dx, want_dq = gs3d.grid_sample_3d_backward(g, x, q)
+    fplan = gs3d.plan_forward(x.shape, q.shape, x.dtype)
+    bplan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype)
+    for run_f, run_b in ((lambda **k: gs3d.grid_sample_3d(x, q, **k),
+                          lambda **k: gs3d.grid_sample_3d_backward(g, x, q, **k)),
+                         (lambda **k: fplan(x, q, **k), lambda **k: bplan(g, x, q, **k))):
+        both = np.full((2,) + x.shape, 7, x.dtype)           # two halves of one allocation
+        out = np.full((2,) + want_out.shape, 7, x.dtype)[1]
+        dq = np.asfortranarray(np.full(q.shape, 7, q.dtype))
+        assert run_f(out=out) is out and _bits(out) == _bits(want_out)
+        view = both[0]
+        dx, dq2 = run_b(input_grad=view, grid_grad=dq)
+        assert dx is view
+        assert _bits(both[0]) == _bits(want_dx) and (both[1] == 7).all()
+        assert _bits(dq) == _bits(want_dq) and dq2 is dq
+        # inputs that are views (not owners) go through np.may_share_memory
+        xs = np.stack([x, x])[0]
+        assert _bits(gs3d.grid_sample_3d(xs, q, out=out)) == _bits(want_out)
