@@ -121,7 +121,12 @@ cdef extern from *:
     static inline uint16_t gs3d_f32_to_f16_hw(float f) {
         return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
     }
+    /* eight float16 values at p into float32 (one vcvtph2ps) */
+    static inline void gs3d_f16x8_hw(const uint16_t* p, float* out) {
+        _mm256_storeu_ps(out, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)));
+    }
     #else
+    static inline void gs3d_f16x8_hw(const uint16_t* p, float* out) { (void)p; (void)out; }
     #define GS3D_HAVE_F16C 0
     static inline float gs3d_f16_to_f32_hw(uint16_t h) { (void)h; return 0.0f; }
     static inline uint16_t gs3d_f32_to_f16_hw(float f) { (void)f; return 0; }
@@ -136,6 +141,7 @@ cdef extern from *:
     int GS3D_HAVE_F16C
     float gs3d_f16_to_f32_hw(uint16_t h) noexcept nogil
     uint16_t gs3d_f32_to_f16_hw(float f) noexcept nogil
+    void gs3d_f16x8_hw(const uint16_t* p, float* out) noexcept nogil
     uint32_t gs3d_float_to_bits(float f) noexcept nogil
     void gs3d_prefetch(const void* p) noexcept nogil
     void gs3d_prefetch_w(const void* p) noexcept nogil

@@ -30,7 +30,7 @@ from libc.math cimport rint, floor
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
-    HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear,
+    HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, GS3D_HAVE_F16C, gs3d_f16x8_hw,
 )
 
 ctypedef fused store_t:
@@ -706,6 +706,24 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
 # backward
 # ---------------------------------------------------------------------------------------------
 
+cdef inline void load_channels(const store_t* p, Py_ssize_t off, Py_ssize_t C, int hk,
+                               acc_t* out) noexcept nogil:
+    """out[c] = p[off + c] in the compute type (float16 eight at a time with F16C)."""
+    cdef Py_ssize_t c = 0
+    cdef float v8[8]
+    cdef int l
+    if not (store_t is double or store_t is float):
+        if GS3D_HAVE_F16C and hk != HALF_BF16:
+            while c + 8 <= C:
+                gs3d_f16x8_hw(&p[off + c], v8)
+                for l in range(8):
+                    out[c + l] = <acc_t>v8[l]
+                c += 8
+    while c < C:
+        out[c] = <acc_t>ld(p, off + c, hk)
+        c += 1
+
+
 cdef inline acc_t lane_sum(const acc_t* s) noexcept nogil:
     """The fixed reduction tree of eight channel partial sums (see dot_channels)."""
     return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]))
@@ -720,9 +738,18 @@ cdef inline acc_t dot_channels(const acc_t* go, const store_t* x, Py_ssize_t off
     cdef acc_t s[8]
     cdef Py_ssize_t c = 0
     cdef int l
+    cdef float xv[8]
     for l in range(8):
         s[l] = 0
     if xc == 1:
+        if not (store_t is double or store_t is float):
+            if GS3D_HAVE_F16C and hk != HALF_BF16:
+                # float16 with F16C: eight values converted at once (exact, like ld)
+                while c + 8 <= C:
+                    gs3d_f16x8_hw(&x[off + c], xv)
+                    for l in range(8):
+                        s[l] = s[l] + go[c + l] * <acc_t>xv[l]
+                    c += 8
         while c + 8 <= C:
             for l in range(8):
                 s[l] = s[l] + go[c + l] * <acc_t>ld(x, off + c + l, hk)
@@ -828,8 +855,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 if per:
                     gp = &dots[(i - i0) * C]
                 elif vs or vd:
-                    for c in range(C):
-                        go[c] = <acc_t>ld(grad, t.ob[i] + c, hk)
+                    load_channels(grad, t.ob[i], C, hk, go)
                     gp = go
                 if t.own[i]:
                     for j in range(8):
