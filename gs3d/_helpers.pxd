@@ -51,6 +51,15 @@ cdef extern from *:
         return t - (t > v);
     #endif
     }
+    /* round half to even (the default rounding mode), inlined like gs3d_floor; |v| small */
+    GS3D_ALWAYS_INLINE double gs3d_rint(double v) {
+    #if defined(__SSE4_1__) || !(defined(__x86_64__) || defined(__i386__))
+        return rint(v);
+    #else
+        const double big = 4503599627370496.0;          /* 2^52: adding it rounds to integer */
+        return v >= 0.0 ? (v + big) - big : -((-v + big) - big);
+    #endif
+    }
     /* flags of map_axis: 1 samples something, 2 corner 0 in bounds, 4 corner 1 in bounds */
     static void gs3d_axis_flags(const double* __restrict fidx, const double* __restrict okf,
                                 int cnt, double sz, unsigned char* __restrict flags) {
@@ -65,7 +74,7 @@ cdef extern from *:
     }
     GS3D_ALWAYS_INLINE void gs3d_axis1(
             double gv, double sz, double hi, double m0, const int align, const int border,
-            double* frac, double* mult, double* fidx, double* okf) {
+            const int nearest, double* frac, double* mult, double* fidx, double* okf) {
         double u = align ? (gv + 1.0) / 2.0 * hi : ((gv + 1.0) * sz - 1.0) / 2.0;
         double m = m0, uc, fl;
         int ok;
@@ -84,7 +93,7 @@ cdef extern from *:
         u = ok ? u : 0.0;
         uc = u < -2.0 ? -2.0 : u;
         uc = uc > sz + 1.0 ? sz + 1.0 : uc;
-        fl = gs3d_floor(uc);
+        fl = nearest ? gs3d_rint(uc) : gs3d_floor(uc);
         *fidx = fl;
         *frac = u - fl;
         *mult = m;
@@ -97,16 +106,19 @@ cdef extern from *:
        (okf), then the flags of map_axis (gs3d_axis_flags).  A dead point gets u = 0 and
        factor 0. */
     static void gs3d_map_axis_linear(const double* __restrict gin, int cnt, double sz, int align,
-                                     int border, double* __restrict frac,
+                                     int border, int nearest, double* __restrict frac,
                                      double* __restrict mult, double* __restrict fidx,
                                      double* __restrict okf, unsigned char* __restrict flags) {
         const double hi = sz - 1.0, m0 = align ? hi / 2.0 : sz / 2.0;
         int i;
         /* one loop per (align, border) so each is a straight run of selects */
-    #define GS3D_AXIS_LOOP(A, B) for (i = 0; i < cnt; i++) \
-            gs3d_axis1(gin[i], sz, hi, m0, A, B, &frac[i], &mult[i], &fidx[i], &okf[i])
-        if (align) { if (border) GS3D_AXIS_LOOP(1, 1); else GS3D_AXIS_LOOP(1, 0); }
-        else { if (border) GS3D_AXIS_LOOP(0, 1); else GS3D_AXIS_LOOP(0, 0); }
+    #define GS3D_AXIS_LOOP(A, B, R) for (i = 0; i < cnt; i++) \
+            gs3d_axis1(gin[i], sz, hi, m0, A, B, R, &frac[i], &mult[i], &fidx[i], &okf[i])
+    #define GS3D_AXIS_LOOPS(R) \
+        if (align) { if (border) GS3D_AXIS_LOOP(1, 1, R); else GS3D_AXIS_LOOP(1, 0, R); } \
+        else { if (border) GS3D_AXIS_LOOP(0, 1, R); else GS3D_AXIS_LOOP(0, 0, R); }
+        if (nearest) { GS3D_AXIS_LOOPS(1) } else { GS3D_AXIS_LOOPS(0) }
+    #undef GS3D_AXIS_LOOPS
     #undef GS3D_AXIS_LOOP
         gs3d_axis_flags(fidx, okf, cnt, sz, flags);
     }
@@ -147,7 +159,7 @@ cdef extern from *:
     void gs3d_prefetch_w(const void* p) noexcept nogil
     int gs3d_cpu_has_avx2() noexcept nogil
     void gs3d_map_axis_linear(const double* gin, int cnt, double sz, int align, int border,
-                              double* frac, double* mult, double* fidx, double* okf,
+                              int nearest, double* frac, double* mult, double* fidx, double* okf,
                               unsigned char* flags) noexcept nogil
 
 # Interpolation and padding codes (the CANN codes).

@@ -401,16 +401,16 @@ cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* 
     as a double), fraction ``frac`` = u - fidx, grid-gradient factor ``mult`` and flags (bit 0:
     samples something along this axis, bit 1: corner 0 in bounds, bit 2: corner 1 in bounds).
 
-    Zeros and border padding under bilinear run through gs3d_map_axis_linear (vectorisable
-    loops with the arithmetic of map_coord); reflection and nearest go point by point through
-    map_coord.  A point that samples nothing gets index 0, fraction 0 and factor 0.  The
+    Zeros and border padding run through gs3d_map_axis_linear (vectorisable loops with the
+    arithmetic of map_coord and axis_index: floor, or round half to even for nearest);
+    reflection goes point by point through map_coord.  A point that samples nothing gets index 0, fraction 0 and factor 0.  The
     arrays must not overlap; ``okf`` is scratch.
     """
     cdef int i
     cdef double u
     cdef Py_ssize_t k
     cdef bint ok
-    if g.mode == MODE_NEAREST or g.padding == PAD_REFLECTION:
+    if g.padding == PAD_REFLECTION:
         for i in range(cnt):
             ok = axis_index(gin[i], size, g, &u, &mult[i], &k)
             fidx[i] = <double>k
@@ -418,8 +418,8 @@ cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* 
             flags[i] = ((AX_OK if ok else 0) | (AX_IN0 if ok and 0 <= k < size else 0)
                         | (AX_IN1 if ok and g.mode != MODE_NEAREST and -1 <= k < size - 1 else 0))
         return
-    gs3d_map_axis_linear(gin, cnt, <double>size, g.align, g.padding == PAD_BORDER, frac, mult,
-                         fidx, okf, flags)
+    gs3d_map_axis_linear(gin, cnt, <double>size, g.align, g.padding == PAD_BORDER,
+                         g.mode == MODE_NEAREST, frac, mult, fidx, okf, flags)
 
 
 cdef inline unsigned char corner_bits(unsigned char fx, unsigned char fy,
