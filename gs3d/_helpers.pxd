@@ -158,6 +158,8 @@ cdef extern from *:
     void gs3d_prefetch(const void* p) noexcept nogil
     void gs3d_prefetch_w(const void* p) noexcept nogil
     int gs3d_cpu_has_avx2() noexcept nogil
+    void gs3d_axis_flags(const double* fidx, const double* okf, int cnt, double sz,
+                         unsigned char* flags) noexcept nogil
     void gs3d_map_axis_linear(const double* gin, int cnt, double sz, int align, int border,
                               int nearest, double* frac, double* mult, double* fidx, double* okf,
                               unsigned char* flags) noexcept nogil

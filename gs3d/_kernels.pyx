@@ -30,7 +30,7 @@ from libc.math cimport rint, floor
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
-    HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, GS3D_HAVE_F16C, gs3d_f16x8_hw,
+    HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
 )
 
 ctypedef fused store_t:
@@ -392,7 +392,7 @@ cdef inline void row_span(Py_ssize_t step, Py_ssize_t C, Py_ssize_t cstride, Py_
 cdef enum:
     AX_OK = 1        # map_axis flags: the point samples something along this axis,
     AX_IN0 = 2       # its corner 0 is in bounds,
-    AX_IN1 = 4       # its corner 1 is in bounds (bilinear only)
+    AX_IN1 = 4       # its corner 1 is in bounds (read under bilinear only)
 
 
 cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* frac,
@@ -415,8 +415,8 @@ cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* 
             ok = axis_index(gin[i], size, g, &u, &mult[i], &k)
             fidx[i] = <double>k
             frac[i] = u - <double>k if ok else 0.0
-            flags[i] = ((AX_OK if ok else 0) | (AX_IN0 if ok and 0 <= k < size else 0)
-                        | (AX_IN1 if ok and g.mode != MODE_NEAREST and -1 <= k < size - 1 else 0))
+            okf[i] = 1.0 if ok else 0.0
+        gs3d_axis_flags(fidx, okf, cnt, <double>size, flags)
         return
     gs3d_map_axis_linear(gin, cnt, <double>size, g.align, g.padding == PAD_BORDER,
                          g.mode == MODE_NEAREST, frac, mult, fidx, okf, flags)
@@ -489,8 +489,7 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
         x0 = <Py_ssize_t>t.fi[i]
         y0 = <Py_ssize_t>t.fi[TILE + i]
         z0 = <Py_ssize_t>t.fi[2 * TILE + i]
-        # the depth plane owning the point's grid gradient (key_of, from z alone)
-        key = 0 if not (fz & AX_OK) or z0 < 0 else (g.D - 1 if z0 >= g.D else z0)
+        key = key_of(fz & AX_OK, z0, g.D)
         t.own[i] = do_dg and (own_all or zlo <= key < zhi)
         t.xb[i] = n * g.xs[0] + z0 * g.xs[1] + y0 * g.xs[2] + x0 * g.xs[3]
         t.ab[i] = z0 * As[0] + y0 * As[1] + x0 * As[2]
