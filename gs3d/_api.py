@@ -216,19 +216,10 @@ class _Call:
         self.fixed_nt = None if num_threads is None else parse_num_threads(num_threads, 1)
         self.pool: Tuple[int, list] = (0, [])      # (thread count, idle _Resources of it)
 
-    def threads(self) -> int:
-        """``_threads(num_threads, work)`` without re-parsing (OpenMP's default read each call)."""
-        if _forked_child:
-            return 1
-        if self.fixed_nt is not None:
-            return self.fixed_nt
-        if self.cap == 1:
-            return 1
-        return max(1, min(_kernels.max_threads(), MAX_THREADS, self.cap))
-
     def acquire(self) -> _Resources:
         """Idle scratch for this call's thread count, or new scratch.  Give it back with
-        ``_release``.  (``threads()`` is inlined: this runs on every cached call.)"""
+        ``_release``.  The count is ``_threads(num_threads, work)`` without re-parsing:
+        OpenMP's default is read on each call."""
         if _forked_child or self.cap == 1 and self.fixed_nt is None:
             nt = 1
         elif self.fixed_nt is not None:
@@ -364,15 +355,23 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
         _release(res)
 
 
+def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype,
+            plain_align: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """(array returned to the caller, array the kernel writes): the latter is a temporary only
+    when a given buffer's strides or alignment do not fit the kernels (``plain_align``: see
+    _Resources; kernel_ready's own test runs only when the quick one fails)."""
+    if given is None:
+        arr = np.empty(shape, dtype)        # fresh memory is aligned
+        return arr, arr
+    if plain_align and given.flags.aligned:
+        return given, given
+    return given, kernel_ready(given)
+
+
 def _forward(res: _Resources, x, q, out, shape):
     """Run the forward into ``out`` (a new array when None) and return it.  One flat function:
     at the worked-example size each Python call level costs a noticeable part of the call."""
-    if out is None:
-        result = target = np.empty(shape, x.dtype)      # fresh memory is aligned
-    else:
-        result = target = out
-        if not (res.plain_align and out.flags.aligned):
-            target = kernel_ready(out)
+    result, target = _output(out, shape, x.dtype, res.plain_align)
     if res.out_empty:
         return result
     if not (res.plain_align and x.flags.aligned):
@@ -501,19 +500,9 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     dx = dx_k = dg = dg_k = None
     pa = res.plain_align
     if want_dx:
-        if input_grad is None:
-            dx = dx_k = np.empty(x.shape, x.dtype)
-        else:
-            dx = dx_k = input_grad
-            if not (pa and dx.flags.aligned):
-                dx_k = kernel_ready(dx)
+        dx, dx_k = _output(input_grad, x.shape, x.dtype, pa)
     if want_dg:
-        if grid_grad is None:
-            dg = dg_k = np.empty(q.shape, q.dtype)
-        else:
-            dg = dg_k = grid_grad
-            if not (pa and dg.flags.aligned):
-                dg_k = kernel_ready(dg)
+        dg, dg_k = _output(grid_grad, q.shape, q.dtype, pa)
     if res.out_empty or res.in_empty:
         # nothing samples the input (N, C or the output size is 0): zero gradients
         for arr in (dx, dg):

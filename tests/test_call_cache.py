@@ -178,8 +178,8 @@ def test_threads_through_the_cache_give_serial_results():
 @pytest.mark.parametrize("num_threads", [None, 1, 2, 3, 10 ** 6])
 @pytest.mark.parametrize("size", [(1, 1, 2, 2, 3), (2, 16, 32, 32, 3), (1, 64, 64, 64, 3)])
 def test_cached_thread_count_follows_the_rules(num_threads, size, monkeypatch):
-    """_Call.threads() is _threads(num_threads, work): OpenMP's default read at each call,
-    reduced for small calls; one thread in a forked child."""
+    """_Call.acquire() takes _threads(num_threads, work) threads: OpenMP's default read at
+    each call, reduced for small calls; one thread in a forked child."""
     x = np.zeros((size[0], 8, 4, 4, 4), np.float32)
     q = np.zeros(size, np.float32)
     pb = gs3d._validation.check_problem(x, q, None, "bilinear", "zeros", False, "NCDHW")
@@ -187,9 +187,9 @@ def test_cached_thread_count_follows_the_rules(num_threads, size, monkeypatch):
     work = pb.N * int(np.prod(pb.out_spatial)) * pb.C
     for default in (1, 2, 5):
         monkeypatch.setattr(_api._kernels, "max_threads", lambda d=default: d)
-        assert call.threads() == call.acquire().nt == _api._threads(num_threads, work)
+        assert call.acquire().nt == _api._threads(num_threads, work)
     monkeypatch.setattr(_api, "_forked_child", True)
-    assert call.threads() == call.acquire().nt == 1 == _api._threads(num_threads, work)
+    assert call.acquire().nt == 1 == _api._threads(num_threads, work)
 
 
 def test_plan_quick_checks_keep_the_errors():
