@@ -60,7 +60,11 @@ cdef extern from *:
         return v >= 0.0 ? (v + big) - big : -((-v + big) - big);
     #endif
     }
-    /* flags of map_axis: 1 samples something, 2 corner 0 in bounds, 4 corner 1 in bounds */
+    /* flags of map_axis: 1 samples something, 2 corner 0 in bounds, 4 corner 1 in bounds;
+       the corners (bit j = corner 4 cz + 2 cy + cx) that each axis's flags admit */
+    static const unsigned char gs3d_corners_x[8] = {0, 0, 0x55, 0x55, 0xAA, 0xAA, 0xFF, 0xFF};
+    static const unsigned char gs3d_corners_y[8] = {0, 0, 0x33, 0x33, 0xCC, 0xCC, 0xFF, 0xFF};
+    static const unsigned char gs3d_corners_z[8] = {0, 0, 0x0F, 0x0F, 0xF0, 0xF0, 0xFF, 0xFF};
     static void gs3d_axis_flags(const double* __restrict fidx, const double* __restrict okf,
                                 int cnt, double sz, unsigned char* __restrict flags) {
         const double hi = sz - 1.0;
@@ -147,6 +151,9 @@ cdef extern from *:
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
     int GS3D_OPENMP
+    const unsigned char* gs3d_corners_x
+    const unsigned char* gs3d_corners_y
+    const unsigned char* gs3d_corners_z
     int omp_get_max_threads() noexcept nogil
     int omp_get_thread_num() noexcept nogil
     float gs3d_bits_to_float(uint32_t u) noexcept nogil

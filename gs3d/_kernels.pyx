@@ -26,11 +26,13 @@ similar amounts of work.
 """
 from cython.parallel cimport prange, threadid
 from libc.math cimport rint, floor
+from libc.string cimport memset
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
+    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z,
 )
 
 ctypedef fused store_t:
@@ -313,7 +315,9 @@ cdef struct Tile:
     Py_ssize_t ad[8]
     Py_ssize_t px_lo, px_n      # byte range of a corner row (x0, x1, channels) in the input
     Py_ssize_t pa_lo, pa_n      # and in the accumulator, for prefetching
-    double f[6 * TILE]           # wx0, wx1, wy0, wy1, wz0, wz1 (values of the compute type)
+    double f[6 * TILE]           # wx0, wx1, wy0, wy1, wz0, wz1, axis-major (f[k * TILE + i])
+    double w[8 * TILE]           # corner weights wx * (wy * wz), corner-major (w[j * TILE + i])
+    double okv[TILE]             # 1.0: the point samples something along all three axes
     double mult[3 * TILE]        # grid-gradient multipliers, axis-major (x of every point, y, z)
     double cx[3 * TILE]          # coordinates, axis-major (x of every point, y, z)
     double fr[3 * TILE]          # fractions u - floor(u), axis-major
@@ -336,26 +340,31 @@ cdef inline Py_ssize_t ao(Tile* t, int i, int j) noexcept nogil:
 
 
 cdef inline acc_t corner_weight(Tile* t, int i, int j, acc_t* type_only) noexcept nogil:
-    """wx * (wy * wz) of corner j of point i, in the compute type (``type_only`` selects it)."""
-    cdef double* f = &t.f[6 * i]
-    return <acc_t>f[j & 1] * (<acc_t>f[2 + ((j >> 1) & 1)] * <acc_t>f[4 + (j >> 2)])
+    """wx * (wy * wz) of corner j of point i, in the compute type (``type_only`` selects it),
+    as setup_tile computed it."""
+    return <acc_t>t.w[j * TILE + i]
 
 
 cdef inline void corner_weights(Tile* t, int i, acc_t* w8) noexcept nogil:
-    """All eight corner_weight values of point i, with the four wy * wz products made once."""
-    cdef double* f = &t.f[6 * i]
-    cdef acc_t yz
-    cdef int k
-    for k in range(4):
-        yz = <acc_t>f[2 + (k & 1)] * <acc_t>f[4 + (k >> 1)]
-        w8[2 * k] = <acc_t>f[0] * yz
-        w8[2 * k + 1] = <acc_t>f[1] * yz
+    """All eight corner_weight values of point i."""
+    cdef int j
+    for j in range(8):
+        w8[j] = <acc_t>t.w[j * TILE + i]
 
 
 cdef inline void prefetch_span(const char* p, Py_ssize_t lo, Py_ssize_t nbytes,
                                bint for_write) noexcept nogil:
     """Ask for every cache line that holds a byte of [p + lo, p + lo + nbytes) (nbytes > 0)."""
     cdef const char* end = p + lo + nbytes
+    if nbytes <= 64:
+        # at most two lines (most rows of few channels): its first and last byte, no loop
+        if for_write:
+            gs3d_prefetch_w(p + lo)
+            gs3d_prefetch_w(end - 1)
+        else:
+            gs3d_prefetch(p + lo)
+            gs3d_prefetch(end - 1)
+        return
     p = p + lo - ((<size_t>(p + lo)) & 63)        # start of the first line
     if for_write:
         while p < end:
@@ -424,10 +433,9 @@ cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* 
 
 cdef inline unsigned char corner_bits(unsigned char fx, unsigned char fy,
                                       unsigned char fz) noexcept nogil:
-    """In-bounds corners as a bit mask (bit j = corner 4 cz + 2 cy + cx) from axis flags."""
-    return (((0x55 if fx & AX_IN0 else 0) | (0xAA if fx & AX_IN1 else 0))
-            & ((0x33 if fy & AX_IN0 else 0) | (0xCC if fy & AX_IN1 else 0))
-            & ((0x0F if fz & AX_IN0 else 0) | (0xF0 if fz & AX_IN1 else 0)))
+    """In-bounds corners as a bit mask (bit j = corner 4 cz + 2 cy + cx) from axis flags: per
+    axis, the corners its AX_IN0 / AX_IN1 bits admit, looked up (gs3d_corners_x/y/z)."""
+    return gs3d_corners_x[fx & 7] & gs3d_corners_y[fy & 7] & gs3d_corners_z[fz & 7]
 
 
 cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
@@ -435,9 +443,10 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
                      bint do_dg, bint own_all, Tile* t) noexcept nogil:
     """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n``.
 
-    Three passes: read the tile's coordinates, map each axis for the whole tile (map_axis),
-    then combine the axes point by point without branches.  Weights are computed in the
-    compute type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
+    Passes: read the tile's coordinates, map each axis for the whole tile (map_axis), combine
+    the axes point by point into offsets and corner masks, then the per-axis weights and the
+    eight corner weights as loops over the whole tile.  Weights are computed in the compute
+    type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
     exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
     through (at most prefetched, which cannot fault).
     """
@@ -445,7 +454,11 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     cdef Py_ssize_t qo, go, oo, qc = g.qs[4], key, x0, y0, z0
     cdef int i, j
     cdef unsigned char fx, fy, fz, vd, valid, slab
-    cdef acc_t w1
+    cdef bint all_planes
+    cdef double* fr
+    cdef double* fa
+    cdef double* fb
+    cdef double* mu
     cdef int hk = g.half_kind
     cdef bint nearest = g.mode == MODE_NEAREST
     cdef double* cx = t.cx
@@ -483,36 +496,61 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     map_axis(cy, cnt, g.H, g, &t.fr[TILE], &t.mult[TILE], &t.fi[TILE], &t.fl[TILE], t.tmp)
     map_axis(cz, cnt, g.D, g, &t.fr[2 * TILE], &t.mult[2 * TILE], &t.fi[2 * TILE],
              &t.fl[2 * TILE], t.tmp)
+    # combine the axes: offsets and corner masks point by point (integer work), then weights,
+    # factors and corner weights in vectorisable passes over the tile
+    all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
     for i in range(cnt):
         fx, fy, fz = t.fl[i], t.fl[TILE + i], t.fl[2 * TILE + i]
         valid = fx & fy & fz & AX_OK
+        t.okv[i] = 1.0 if valid else 0.0
         x0 = <Py_ssize_t>t.fi[i]
         y0 = <Py_ssize_t>t.fi[TILE + i]
         z0 = <Py_ssize_t>t.fi[2 * TILE + i]
-        key = key_of(fz & AX_OK, z0, g.D)
-        t.own[i] = do_dg and (own_all or zlo <= key < zhi)
         t.xb[i] = n * g.xs[0] + z0 * g.xs[1] + y0 * g.xs[2] + x0 * g.xs[3]
         t.ab[i] = z0 * As[0] + y0 * As[1] + x0 * As[2]
+        vd = corner_bits(fx, fy, fz) if valid else 0
+        slab = vd
+        if not all_planes:
+            slab = vd & ((0x0F if zlo <= z0 < zhi else 0) | (0xF0 if zlo <= z0 + 1 < zhi else 0))
         if nearest:
-            # one corner of weight 1 (weights (1, 0) on every axis); grid gradient exactly 0
-            t.f[6 * i] = t.f[6 * i + 2] = t.f[6 * i + 4] = 1.0
-            t.f[6 * i + 1] = t.f[6 * i + 3] = t.f[6 * i + 5] = 0.0
-            for j in range(3):
-                t.mult[j * TILE + i] = 0.0
+            # one corner of weight 1 (corner 0), grid gradient exactly 0
             t.vd[i] = 0
-            t.vs[i] = 1 if (valid and do_dx and (fx & fy & fz & AX_IN0)
-                            and zlo <= z0 < zhi) else 0
-            continue
+            t.vs[i] = slab & 1 if do_dx else 0
+        else:
+            t.vd[i] = vd
+            t.vs[i] = slab if do_dx else 0
+    if not do_dg or own_all:
+        memset(t.own, 1 if do_dg else 0, cnt)
+    else:
+        for i in range(cnt):
+            key = key_of(t.fl[2 * TILE + i] & AX_OK, <Py_ssize_t>t.fi[2 * TILE + i], g.D)
+            t.own[i] = zlo <= key < zhi
+    if nearest:
+        # weights (1, 0) on every axis; grid gradient exactly 0
+        for j in range(3):
+            for i in range(cnt):
+                t.f[2 * j * TILE + i] = 1.0
+                t.f[(2 * j + 1) * TILE + i] = 0.0
+                t.mult[j * TILE + i] = 0.0
+    else:
         for j in range(3):
             # a point that samples nothing has grid gradient exactly +0 on every axis
-            w1 = <acc_t>t.fr[j * TILE + i]
-            t.f[6 * i + 2 * j] = <acc_t>(1.0 - t.fr[j * TILE + i])
-            t.f[6 * i + 2 * j + 1] = w1
-            t.mult[j * TILE + i] = t.mult[j * TILE + i] if valid else 0.0
-        vd = corner_bits(fx, fy, fz) if valid else 0
-        t.vd[i] = vd
-        slab = (0x0F if zlo <= z0 < zhi else 0) | (0xF0 if zlo <= z0 + 1 < zhi else 0)
-        t.vs[i] = vd & slab if do_dx else 0
+            fr = &t.fr[j * TILE]
+            fa = &t.f[2 * j * TILE]
+            fb = &t.f[(2 * j + 1) * TILE]
+            mu = &t.mult[j * TILE]
+            for i in range(cnt):
+                fa[i] = <acc_t>(1.0 - fr[i])
+                fb[i] = <acc_t>fr[i]
+                mu[i] = mu[i] if t.okv[i] != 0.0 else 0.0
+    for j in range(8):
+        # corner j = 4 cz + 2 cy + cx: wx * (wy * wz) in the compute type
+        fa = &t.f[(j & 1) * TILE]
+        fb = &t.f[(2 + ((j >> 1) & 1)) * TILE]
+        fr = &t.f[(4 + (j >> 2)) * TILE]
+        mu = &t.w[j * TILE]
+        for i in range(cnt):
+            mu[i] = <acc_t>fa[i] * (<acc_t>fb[i] * <acc_t>fr[i])
 
 
 cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, store_t* dq,
@@ -520,9 +558,9 @@ cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, st
     """Write point i's grid gradient from the channel dot products of its corners
     (``dots[j * dstride]``, for the corners flagged in ``t.vd``)."""
     cdef acc_t gx = 0, gy = 0, gz = 0, dot, fx, fy, fz
-    cdef acc_t wx0 = <acc_t>t.f[6 * i], wx1 = <acc_t>t.f[6 * i + 1]
-    cdef acc_t wy0 = <acc_t>t.f[6 * i + 2], wy1 = <acc_t>t.f[6 * i + 3]
-    cdef acc_t wz0 = <acc_t>t.f[6 * i + 4], wz1 = <acc_t>t.f[6 * i + 5]
+    cdef acc_t wx0 = <acc_t>t.f[i], wx1 = <acc_t>t.f[TILE + i]
+    cdef acc_t wy0 = <acc_t>t.f[2 * TILE + i], wy1 = <acc_t>t.f[3 * TILE + i]
+    cdef acc_t wz0 = <acc_t>t.f[4 * TILE + i], wz1 = <acc_t>t.f[5 * TILE + i]
     cdef int j
     cdef unsigned char vd = t.vd[i]
     cdef acc_t d0, d1, d2, d3, d4, d5, d6, d7
@@ -534,7 +572,7 @@ cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, st
         gy = wz0 * (wx0 * (d2 - d0) + wx1 * (d3 - d1)) + wz1 * (wx0 * (d6 - d4) + wx1 * (d7 - d5))
         gz = wy0 * (wx0 * (d4 - d0) + wx1 * (d5 - d1)) + wy1 * (wx0 * (d6 - d2) + wx1 * (d7 - d3))
         vd = 0
-    for j in range(8):
+    for j in range(8 if vd else 0):
         if (vd >> j) & 1:
             dot = dots[j * dstride]
             fx = (wy1 if (j >> 1) & 1 else wy0) * (wz1 if j >> 2 else wz0)
@@ -815,16 +853,21 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             if vs or vd:
                 goc = <acc_t>ld(grad, t.ob[i], hk)
             if t.own[i]:
-                for j in range(8):
-                    if (vd >> j) & 1:
-                        d8[j] = 0
-                        d8[j] = d8[j] + goc * <acc_t>ld(x, xo(t, i, j), hk)
+                if vd == 0xFF:
+                    # all corners in bounds: no mask tests (0 + keeps the sign of a zero as
+                    # the masked loop does)
+                    for j in range(8):
+                        d8[j] = 0 + goc * <acc_t>ld(x, xo(t, i, j), hk)
+                else:
+                    for j in range(8):
+                        if (vd >> j) & 1:
+                            d8[j] = 0
+                            d8[j] = d8[j] + goc * <acc_t>ld(x, xo(t, i, j), hk)
                 grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
             if vs == 0xFF:
                 # all corners in bounds: no mask tests
-                corner_weights(t, i, w8)
                 for j in range(8):
-                    A[ao(t, i, j)] += w8[j] * goc
+                    A[ao(t, i, j)] += <acc_t>t.w[j * TILE + i] * goc
                 continue
             for j in range(8):
                 if (vs >> j) & 1:
