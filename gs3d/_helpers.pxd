@@ -147,10 +147,39 @@ cdef extern from *:
     static inline float gs3d_f16_to_f32_hw(uint16_t h) { (void)h; return 0.0f; }
     static inline uint16_t gs3d_f32_to_f16_hw(float f) { (void)f; return 0; }
     #endif
+    /* Unit-stride channel loops of the float32 and float64 kernels, in blocks of eight so
+       that each block is one vector operation without alias checks or peeling.  The dot
+       product's order is dot_channels' (lane c % 8 for the first C - C % 8 channels, the rest
+       in lane 0, then the fixed tree of lane_sum); the axpy is a[c] = a[c] + w * go[c]. */
+    #define GS3D_CHANNEL_LOOPS(T, SUF) \
+    static inline T gs3d_dot_##SUF(const T* __restrict go, const T* __restrict x, Py_ssize_t C) { \
+        T s[8] = {0, 0, 0, 0, 0, 0, 0, 0}; \
+        Py_ssize_t c = 0; \
+        int l; \
+        for (; c + 8 <= C; c += 8) \
+            for (l = 0; l < 8; l++) s[l] = s[l] + go[c + l] * x[c + l]; \
+        for (; c < C; c++) s[0] = s[0] + go[c] * x[c]; \
+        return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])); \
+    } \
+    static inline void gs3d_axpy_##SUF(T* __restrict a, T w, const T* __restrict go, \
+                                       Py_ssize_t C) { \
+        Py_ssize_t c = 0; \
+        int l; \
+        for (; c + 8 <= C; c += 8) \
+            for (l = 0; l < 8; l++) a[c + l] = a[c + l] + w * go[c + l]; \
+        for (; c < C; c++) a[c] = a[c] + w * go[c]; \
+    }
+    GS3D_CHANNEL_LOOPS(float, f)
+    GS3D_CHANNEL_LOOPS(double, d)
+    #undef GS3D_CHANNEL_LOOPS
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
     int GS3D_OPENMP
+    float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
+    double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
+    void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil
+    void gs3d_axpy_d(double* a, double w, const double* go, Py_ssize_t C) noexcept nogil
     const unsigned char* gs3d_corners_x
     const unsigned char* gs3d_corners_y
     const unsigned char* gs3d_corners_z

@@ -32,7 +32,7 @@ from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
-    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z,
+    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
 )
 
 ctypedef fused store_t:
@@ -776,6 +776,11 @@ cdef inline acc_t dot_channels(const acc_t* go, const store_t* x, Py_ssize_t off
     cdef Py_ssize_t c = 0
     cdef int l
     cdef float xv[8]
+    if xc == 1:
+        if store_t is float and acc_t is float:
+            return gs3d_dot_f(go, &x[off], C)
+        elif store_t is double and acc_t is double:
+            return gs3d_dot_d(go, &x[off], C)
     for l in range(8):
         s[l] = 0
     if xc == 1:
@@ -807,8 +812,10 @@ cdef inline void axpy_channels(acc_t* A, Py_ssize_t off, Py_ssize_t ac, acc_t w,
     """A[off + c * ac] += w * go[c] for every channel."""
     cdef Py_ssize_t c
     if ac == 1:
-        for c in range(C):
-            A[off + c] += w * go[c]
+        if acc_t is float:
+            gs3d_axpy_f(&A[off], w, go, C)
+        else:
+            gs3d_axpy_d(&A[off], w, go, C)
     else:
         for c in range(C):
             A[off + c * ac] += w * go[c]
