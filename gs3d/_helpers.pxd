@@ -172,10 +172,153 @@ cdef extern from *:
     GS3D_CHANNEL_LOOPS(float, f)
     GS3D_CHANNEL_LOOPS(double, d)
     #undef GS3D_CHANNEL_LOOPS
+    /* The single-channel float32 forward under bilinear zeros/border padding, eight points per
+       step with AVX2 (the AVX2 build only; GS3D_HAVE_SIMD_C1 says whether it is there).  It
+       gives the bits of setup_tile + forward_tile: each axis mapped in double as gs3d_axis1
+       maps it, weights rounded to float, wx * (wy * wz) per corner, corners summed from +0 in
+       the order tnw .. bse with out-of-bounds corners skipped (a blend, never a read).  A point
+       that samples nothing gets corner-0 index -2 on that axis, so no corner is in bounds.
+       Offsets are int32: the caller checks that indices in [-2, size + 1] keep them in range. */
+    #if defined(__AVX2__)
+    #include <immintrin.h>
+    #define GS3D_HAVE_SIMD_C1 1
+    static inline void gs3d_map4(__m256d gv, double sz, int align, int border,
+                                 __m256d* fl, __m256d* fr) {
+        const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
+        const __m256d two = _mm256_set1_pd(2.0), szv = _mm256_set1_pd(sz);
+        const __m256d hi = _mm256_set1_pd(sz - 1.0);
+        __m256d u, ok, uc, f;
+        if (align)
+            u = _mm256_mul_pd(_mm256_div_pd(_mm256_add_pd(gv, one), two), hi);
+        else
+            u = _mm256_div_pd(_mm256_sub_pd(_mm256_mul_pd(_mm256_add_pd(gv, one), szv), one), two);
+        if (border) {
+            __m256d edge = _mm256_blendv_pd(hi, zero, _mm256_cmp_pd(gv, zero, _CMP_LT_OQ));
+            __m256d fin = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
+            u = _mm256_blendv_pd(edge, u, fin);
+            u = _mm256_blendv_pd(u, zero, _mm256_cmp_pd(u, zero, _CMP_LE_OQ));
+            u = _mm256_blendv_pd(u, hi, _mm256_cmp_pd(u, hi, _CMP_GE_OQ));
+            ok = _mm256_cmp_pd(gv, gv, _CMP_EQ_OQ);
+        } else {
+            ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
+        }
+        u = _mm256_and_pd(u, ok);
+        uc = _mm256_blendv_pd(u, _mm256_set1_pd(-2.0), _mm256_cmp_pd(u, _mm256_set1_pd(-2.0), _CMP_LT_OQ));
+        uc = _mm256_blendv_pd(uc, _mm256_set1_pd(sz + 1.0),
+                              _mm256_cmp_pd(uc, _mm256_set1_pd(sz + 1.0), _CMP_GT_OQ));
+        f = _mm256_floor_pd(uc);
+        *fr = _mm256_sub_pd(u, f);
+        *fl = _mm256_blendv_pd(_mm256_set1_pd(-2.0), f, ok);
+    }
+    /* one axis of eight points: int32 corner-0 index, in-bounds masks of corners 0 and 1, and
+       the float weights (1 - frac, frac) */
+    static inline void gs3d_axis8(const float* c, double sz, int align, int border,
+                                  __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
+                                  __m256* w1) {
+        __m256d fl0, fr0, fl1, fr1;
+        const __m256d one = _mm256_set1_pd(1.0);
+        const int n = (int)sz;
+        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c)), sz, align, border, &fl0, &fr0);
+        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c + 4)), sz, align, border, &fl1, &fr1);
+        *idx = _mm256_set_m128i(_mm256_cvttpd_epi32(fl1), _mm256_cvttpd_epi32(fl0));
+        *in0 = _mm256_and_si256(_mm256_cmpgt_epi32(*idx, _mm256_set1_epi32(-1)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32(n), *idx));
+        *in1 = _mm256_and_si256(_mm256_cmpgt_epi32(*idx, _mm256_set1_epi32(-2)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32(n - 1), *idx));
+        *w1 = _mm256_set_m128(_mm256_cvtpd_ps(fr1), _mm256_cvtpd_ps(fr0));
+        *w0 = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(one, fr1)),
+                              _mm256_cvtpd_ps(_mm256_sub_pd(one, fr0)));
+    }
+    /* one block of eight points after mapping: int32 offset of corner 0, the in-bounds masks
+       of corners 0 and 1 per axis and the weights (1 - frac, frac) per axis */
+    typedef struct { __m256i base, m[6]; __m256 w[6]; } gs3d_block8;
+    /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op]; the
+       input x (batch item applied) has element strides sx, sy, sz along W, H, D.  Tiles of
+       64 points: all blocks mapped first, with a prefetch of each point's four corner rows,
+       then the gathers, so that the rows have a tile's worth of time to arrive. */
+    static void gs3d_forward_c1_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+                                     Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
+                                     const float* q, Py_ssize_t qp, Py_ssize_t qc, float* out,
+                                     Py_ssize_t op, Py_ssize_t cnt, int align, int border) {
+        float cx[8], cy[8], cz[8], r[8];
+        int bo[8];
+        gs3d_block8 blk[8];
+        __m256i ix, iy, iz, m;
+        __m256 s, v, w;
+        const __m256i vsx = _mm256_set1_epi32((int)sx), vsy = _mm256_set1_epi32((int)sy);
+        const __m256i vsz = _mm256_set1_epi32((int)sz);
+        Py_ssize_t p0, p;
+        int l, j, k, b, nb;
+        for (p0 = 0; p0 < cnt; p0 += 64) {
+            nb = (int)((cnt - p0 < 64 ? cnt - p0 : 64) + 7) / 8;
+            for (b = 0; b < nb; b++) {
+                gs3d_block8* B = &blk[b];
+                p = p0 + 8 * b;
+                k = cnt - p < 8 ? (int)(cnt - p) : 8;
+                for (l = 0; l < 8; l++) {
+                    if (l < k) {
+                        const float* g = q + (p + l) * qp;
+                        cx[l] = g[0]; cy[l] = g[qc]; cz[l] = g[2 * qc];
+                    } else {
+                        cx[l] = cy[l] = cz[l] = NAN;      /* padding lanes sample nothing */
+                    }
+                }
+                gs3d_axis8(cx, (double)W, align, border, &ix, &B->m[0], &B->m[1], &B->w[0], &B->w[1]);
+                gs3d_axis8(cy, (double)H, align, border, &iy, &B->m[2], &B->m[3], &B->w[2], &B->w[3]);
+                gs3d_axis8(cz, (double)D, align, border, &iz, &B->m[4], &B->m[5], &B->w[4], &B->w[5]);
+                B->base = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(iz, vsz),
+                                                            _mm256_mullo_epi32(iy, vsy)),
+                                           _mm256_mullo_epi32(ix, vsx));
+                _mm256_storeu_si256((__m256i*)bo, B->base);
+                for (l = 0; l < k; l++) {
+                    /* a hint only: an address outside the volume cannot fault */
+                    const char* c0 = (const char*)x + 4 * (Py_ssize_t)bo[l];
+                    _mm_prefetch(c0, _MM_HINT_T0);
+                    _mm_prefetch(c0 + 4 * sy, _MM_HINT_T0);
+                    _mm_prefetch(c0 + 4 * sz, _MM_HINT_T0);
+                    _mm_prefetch(c0 + 4 * (sy + sz), _MM_HINT_T0);
+                }
+            }
+            for (b = 0; b < nb; b++) {
+                const gs3d_block8* B = &blk[b];
+                p = p0 + 8 * b;
+                k = cnt - p < 8 ? (int)(cnt - p) : 8;
+                s = _mm256_setzero_ps();
+                for (j = 0; j < 8; j++) {
+                    const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
+                    m = _mm256_and_si256(_mm256_and_si256(B->m[jx], B->m[2 + jy]), B->m[4 + jz]);
+                    w = _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]));
+                    v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), x,
+                            _mm256_add_epi32(B->base, _mm256_set1_epi32((int)(jz * sz + jy * sy + jx * sx))),
+                            _mm256_castsi256_ps(m), 4);
+                    s = _mm256_blendv_ps(s, _mm256_add_ps(s, _mm256_mul_ps(w, v)),
+                                         _mm256_castsi256_ps(m));
+                }
+                _mm256_storeu_ps(r, s);
+                for (l = 0; l < k; l++)
+                    out[(p + l) * op] = r[l];
+            }
+        }
+    }
+    #else
+    #define GS3D_HAVE_SIMD_C1 0
+    static void gs3d_forward_c1_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+                                     Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
+                                     const float* q, Py_ssize_t qp, Py_ssize_t qc, float* out,
+                                     Py_ssize_t op, Py_ssize_t cnt, int align, int border) {
+        (void)x; (void)sx; (void)sy; (void)sz; (void)W; (void)H; (void)D; (void)q; (void)qp;
+        (void)qc; (void)out; (void)op; (void)cnt; (void)align; (void)border;
+    }
+    #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
     int GS3D_OPENMP
+    int GS3D_HAVE_SIMD_C1
+    void gs3d_forward_c1_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
+                              Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, const float* q,
+                              Py_ssize_t qp, Py_ssize_t qc, float* out, Py_ssize_t op,
+                              Py_ssize_t cnt, int align, int border) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil

@@ -32,7 +32,7 @@ from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
-    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
+    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_C1, gs3d_forward_c1_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
 )
 
 ctypedef fused store_t:
@@ -54,6 +54,8 @@ cdef struct Geo:
     Py_ssize_t ds[5]     # input_grad strides, axes N, D, H, W, C
     Py_ssize_t as_[4]    # float32 accumulator strides (16-bit input_grad), axes D, H, W, C
     int mode, padding, align, half_kind
+    bint simd_c1         # forward through gs3d_forward_c1_avx2 (see enable_simd_c1)
+    Py_ssize_t qp, op    # and its point strides of the grid and the output
 
 
 cdef enum:
@@ -171,7 +173,39 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
     for k in range(4):
         g.as_[k] = 0
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
+    g.simd_c1 = False
+    g.qp = g.op = 0
     return 0
+
+
+cdef bint flat_points(const Py_ssize_t* s, Geo* g, Py_ssize_t* step) noexcept nogil:
+    """True when output point p (flat over Do, Ho, Wo) of an array with strides ``s`` (N, Do,
+    Ho, Wo, ...) sits at p * step from its batch item's first point."""
+    step[0] = s[3] if g.Wo > 1 else (s[2] if g.Ho > 1 else s[1])
+    return ((g.Wo <= 1 or s[3] == step[0]) and (g.Ho <= 1 or s[2] == step[0] * g.Wo)
+            and (g.Do <= 1 or s[1] == step[0] * g.Wo * g.Ho))
+
+
+cdef bint int32_offsets(Geo* g) noexcept nogil:
+    """True when every corner offset of indices in [-2, size + 1] fits in an int32."""
+    cdef Py_ssize_t reach = 0, k
+    cdef Py_ssize_t size[3]
+    size[0], size[1], size[2] = g.D, g.H, g.W
+    for k in range(3):
+        if size[k] > 2147483647 // 4:
+            return False
+        reach += (size[k] + 2) * (g.xs[k + 1] if g.xs[k + 1] >= 0 else -g.xs[k + 1])
+        if reach > 2147483647 // 2:
+            return False
+    return True
+
+
+cdef void enable_simd_c1(Geo* g) noexcept nogil:
+    """Use the AVX2 single-channel forward (float32 callers only) where it applies: one
+    channel, bilinear, zeros or border padding, grid and output points at fixed steps."""
+    g.simd_c1 = (GS3D_HAVE_SIMD_C1 and g.C == 1 and g.mode == MODE_BILINEAR
+                 and g.padding != PAD_REFLECTION and int32_offsets(g)
+                 and flat_points(g.qs, g, &g.qp) and flat_points(g.gs, g, &g.op))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -607,6 +641,13 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t* r
     cdef int hk = g.half_kind
     As[0] = As[1] = As[2] = As[3] = 0
+    if store_t is float:
+        if g.simd_c1:
+            gs3d_forward_c1_avx2(&x[n * g.xs[0]], g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D,
+                                 &q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
+                                 &out[n * g.gs[0] + p0 * g.op], g.op, cnt, g.align,
+                                 g.padding == PAD_BORDER)
+            return
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
     for i in range(min(cnt, <int>AHEAD)):
         # the points the in-loop prefetch (AHEAD points ahead) cannot reach
@@ -703,6 +744,8 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     if workspace.shape[0] < nthreads * sizeof(Tile):
         raise ValueError("workspace too small")
     tiles = <Tile*>&workspace[0]
+    if store_t is float:
+        enable_simd_c1(&g)
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
     staged = scratch.shape[1] >= g.C + STAGE
