@@ -172,8 +172,8 @@ cdef extern from *:
     GS3D_CHANNEL_LOOPS(float, f)
     GS3D_CHANNEL_LOOPS(double, d)
     #undef GS3D_CHANNEL_LOOPS
-    /* The single-channel float32 forward under bilinear zeros/border padding, eight points per
-       step with AVX2 (the AVX2 build only; GS3D_HAVE_SIMD_C1 says whether it is there).  It
+    /* The float32 forward under bilinear zeros/border padding, eight points per step with
+       AVX2 (the AVX2 build only; GS3D_HAVE_SIMD_GATHER says whether it is there).  It
        gives the bits of setup_tile + forward_tile: each axis mapped in double as gs3d_axis1
        maps it, weights rounded to float, wx * (wy * wz) per corner, corners summed from +0 in
        the order tnw .. bse with out-of-bounds corners skipped (a blend, never a read).  A point
@@ -181,7 +181,7 @@ cdef extern from *:
        Offsets are int32: the caller checks that indices in [-2, size + 1] keep them in range. */
     #if defined(__AVX2__)
     #include <immintrin.h>
-    #define GS3D_HAVE_SIMD_C1 1
+    #define GS3D_HAVE_SIMD_GATHER 1
     static inline void gs3d_map4(__m256d gv, double sz, int align, int border,
                                  __m256d* fl, __m256d* fr) {
         const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
@@ -232,14 +232,16 @@ cdef extern from *:
     /* one block of eight points after mapping: int32 offset of corner 0, the in-bounds masks
        of corners 0 and 1 per axis and the weights (1 - frac, frac) per axis */
     typedef struct { __m256i base, m[6]; __m256 w[6]; } gs3d_block8;
-    /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op]; the
-       input x (batch item applied) has element strides sx, sy, sz along W, H, D.  Tiles of
-       64 points: all blocks mapped first, with a prefetch of each point's four corner rows,
-       then the gathers, so that the rows have a tile's worth of time to arrive. */
-    static void gs3d_forward_c1_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+    /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op + c * oc];
+       the input x (batch item applied) has element strides sx, sy, sz, xc along W, H, D and
+       the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
+       point's four corner rows (of the first channel), then, channel by channel, the gathers,
+       so that the rows have a tile's worth of time to arrive. */
+    static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
-                                     const float* q, Py_ssize_t qp, Py_ssize_t qc, float* out,
-                                     Py_ssize_t op, Py_ssize_t cnt, int align, int border) {
+                                     Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
+                                     Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
+                                     Py_ssize_t cnt, int align, int border) {
         float cx[8], cy[8], cz[8], r[8];
         int bo[8];
         gs3d_block8 blk[8];
@@ -247,7 +249,7 @@ cdef extern from *:
         __m256 s, v, w;
         const __m256i vsx = _mm256_set1_epi32((int)sx), vsy = _mm256_set1_epi32((int)sy);
         const __m256i vsz = _mm256_set1_epi32((int)sz);
-        Py_ssize_t p0, p;
+        Py_ssize_t p0, p, c;
         int l, j, k, b, nb;
         for (p0 = 0; p0 < cnt; p0 += 64) {
             nb = (int)((cnt - p0 < 64 ? cnt - p0 : 64) + 7) / 8;
@@ -281,44 +283,59 @@ cdef extern from *:
             }
             for (b = 0; b < nb; b++) {
                 const gs3d_block8* B = &blk[b];
+                __m256i mj[8], oj[8];
+                __m256 wj[8];
                 p = p0 + 8 * b;
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
-                s = _mm256_setzero_ps();
                 for (j = 0; j < 8; j++) {
                     const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
-                    m = _mm256_and_si256(_mm256_and_si256(B->m[jx], B->m[2 + jy]), B->m[4 + jz]);
-                    w = _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]));
-                    v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), x,
-                            _mm256_add_epi32(B->base, _mm256_set1_epi32((int)(jz * sz + jy * sy + jx * sx))),
-                            _mm256_castsi256_ps(m), 4);
-                    s = _mm256_blendv_ps(s, _mm256_add_ps(s, _mm256_mul_ps(w, v)),
-                                         _mm256_castsi256_ps(m));
+                    mj[j] = _mm256_and_si256(_mm256_and_si256(B->m[jx], B->m[2 + jy]), B->m[4 + jz]);
+                    wj[j] = _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]));
+                    oj[j] = _mm256_add_epi32(B->base, _mm256_set1_epi32((int)(jz * sz + jy * sy + jx * sx)));
                 }
-                _mm256_storeu_ps(r, s);
-                for (l = 0; l < k; l++)
-                    out[(p + l) * op] = r[l];
+                for (c = 0; c < C; c++) {
+                    const float* xcp = x + c * xc;
+                    s = _mm256_setzero_ps();
+                    for (j = 0; j < 8; j++) {
+                        m = mj[j];
+                        v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xcp, oj[j],
+                                                     _mm256_castsi256_ps(m), 4);
+                        s = _mm256_blendv_ps(s, _mm256_add_ps(s, _mm256_mul_ps(wj[j], v)),
+                                             _mm256_castsi256_ps(m));
+                    }
+                    if (k == 8 && op == 1) {
+                        _mm256_storeu_ps(out + p + c * oc, s);
+                    } else {
+                        _mm256_storeu_ps(r, s);
+                        for (l = 0; l < k; l++)
+                            out[(p + l) * op + c * oc] = r[l];
+                    }
+                }
             }
         }
     }
     #else
-    #define GS3D_HAVE_SIMD_C1 0
-    static void gs3d_forward_c1_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+    #define GS3D_HAVE_SIMD_GATHER 0
+    static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
-                                     const float* q, Py_ssize_t qp, Py_ssize_t qc, float* out,
-                                     Py_ssize_t op, Py_ssize_t cnt, int align, int border) {
-        (void)x; (void)sx; (void)sy; (void)sz; (void)W; (void)H; (void)D; (void)q; (void)qp;
-        (void)qc; (void)out; (void)op; (void)cnt; (void)align; (void)border;
+                                     Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
+                                     Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
+                                     Py_ssize_t cnt, int align, int border) {
+        (void)x; (void)sx; (void)sy; (void)sz; (void)W; (void)H; (void)D; (void)C; (void)xc;
+        (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
+        (void)border;
     }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
     int GS3D_OPENMP
-    int GS3D_HAVE_SIMD_C1
-    void gs3d_forward_c1_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
-                              Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, const float* q,
-                              Py_ssize_t qp, Py_ssize_t qc, float* out, Py_ssize_t op,
-                              Py_ssize_t cnt, int align, int border) noexcept nogil
+    int GS3D_HAVE_SIMD_GATHER
+    void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
+                              Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
+                              Py_ssize_t xc, const float* q, Py_ssize_t qp, Py_ssize_t qc,
+                              float* out, Py_ssize_t op, Py_ssize_t oc, Py_ssize_t cnt,
+                              int align, int border) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil

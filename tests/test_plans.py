@@ -252,32 +252,39 @@ def _c1_grid(rng, n_points, size):
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("n_points", [1, 7, 8, 9, 63, 64, 65, 203])
-def test_single_channel_float32_forward_agrees_across_builds(align, padding, n_points):
-    """The AVX2 build runs the one-channel float32 bilinear forward eight points at a time
-    (gs3d_forward_c1_avx2); the baseline build runs the scalar tile loop.  Both must give the
-    same bits, for every tail length, with NaN/inf/huge coordinates, and agree with the
-    float64 reference within the float32 tolerance."""
+@pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NCDHW"), (3, "NDHWC"), (8, "NCDHW"),
+                                      (9, "NDHWC")])
+def test_few_channel_float32_forward_agrees_across_builds(align, padding, n_points, C, layout):
+    """The AVX2 build runs the float32 bilinear forward of up to 8 channels eight points at a
+    time (gs3d_forward_gather_avx2); the baseline build runs the scalar tile loop.  Both must
+    give the same bits, for every tail length, with NaN/inf/huge coordinates, and agree with
+    the float64 reference within the float32 tolerance (C = 9: the tile loop in both)."""
     from gs3d import reference
     rng = np.random.default_rng(n_points)
-    x = rng.standard_normal((2, 1, 4, 5, 6)).astype(np.float32)
+    x = rng.standard_normal((2, C, 4, 5, 6)).astype(np.float32)
     q = np.stack([_c1_grid(rng, n_points, 5) for _ in range(2)]).reshape(2, 1, 1, n_points, 3)
     q = q.astype(np.float32)
-    kw = dict(mode="bilinear", padding_mode=padding, align_corners=align, num_threads=1)
-    results = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, **kw)) for m in _kernel_modules()]
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     want = reference.grid_sample_3d(x.astype(np.float64), q.astype(np.float64),
                                     mode="bilinear", padding_mode=padding, align_corners=align)
+    if layout == "NDHWC":
+        x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
+        want = np.moveaxis(want, 1, 4)
+    kw = dict(mode="bilinear", padding_mode=padding, align_corners=align, num_threads=1,
+              layout=layout)
+    results = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, **kw)) for m in _kernel_modules()]
+    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     scale = max(np.abs(want).max(), 1e-30)
     assert np.abs(results[1] - want).max() / scale <= 1e-5
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "out_view", "negative_strides", "ndhwc",
                                      "two_threads"])
-def test_single_channel_float32_forward_strides_agree_across_builds(variant):
+@pytest.mark.parametrize("C", [1, 4])
+def test_few_channel_float32_forward_strides_agree_across_builds(variant, C):
     """Grids whose points are not at one fixed step (the scalar path), strided outputs, volumes
     read backwards, the NDHWC layout and threads: both builds give the same bits."""
     rng = np.random.default_rng(21)
-    x = rng.standard_normal((2, 1, 6, 7, 9)).astype(np.float32)
+    x = rng.standard_normal((2, C, 6, 7, 9)).astype(np.float32)
     q = _c1_grid(rng, 2 * 3 * 4 * 11, 7).reshape(2, 3, 4, 11, 3).astype(np.float32)
     kw = dict(padding_mode="border", num_threads=1)
     out = None
@@ -293,7 +300,7 @@ def test_single_channel_float32_forward_strides_agree_across_builds(variant):
     results = []
     for module in _kernel_modules():
         if variant == "out_view":
-            out = np.full((2, 1, 3, 4, 22), 5.0, np.float32)[..., ::2]
+            out = np.full((2, C, 3, 4, 22), 5.0, np.float32)[..., ::2]
         results.append(_run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw)))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     if variant == "out_view":
