@@ -154,22 +154,30 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
                   int half_kind) except -1:
     """Sizes, input and grid strides and options of a call (``scratch`` selects the compute
     type, which must match the storage type); output strides start at 0."""
-    cdef int k
     if store_t is double:
         if acc_t is float:
             raise TypeError("compute type does not match the storage type")
     elif acc_t is double:
         raise TypeError("compute type does not match the storage type")
-    g.N, g.D, g.H, g.W, g.C = inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3], inp.shape[4]
-    g.Do, g.Ho, g.Wo = grid.shape[1], grid.shape[2], grid.shape[3]
-    fill_strides(g.xs, inp.shape, inp.strides, sizeof(store_t), 5)
-    fill_strides(g.qs, grid.shape, grid.strides, sizeof(store_t), 5)
+    init_geo_raw(g, inp.shape, inp.strides, grid.shape, grid.strides, sizeof(store_t), mode,
+                 padding, align, half_kind)
+    return 0
+
+
+cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssize_t* qshape,
+                       Py_ssize_t* qstrides, Py_ssize_t isz, int mode, int padding, bint align,
+                       int half_kind) noexcept:
+    """init_geo from shapes and byte strides (axes NDHWC-ordered) of items of ``isz`` bytes."""
+    cdef int k
+    g.N, g.D, g.H, g.W, g.C = xshape[0], xshape[1], xshape[2], xshape[3], xshape[4]
+    g.Do, g.Ho, g.Wo = qshape[1], qshape[2], qshape[3]
+    fill_strides(g.xs, xshape, xstrides, isz, 5)
+    fill_strides(g.qs, qshape, qstrides, isz, 5)
     for k in range(5):
         g.gs[k] = g.os[k] = g.ds[k] = 0
     for k in range(4):
         g.as_[k] = 0
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
-    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -650,55 +658,59 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     stride is not 1); with fewer than D * H * W * C elements the input is read in place.
     """
     cdef Geo g
-    cdef Geo gT
-    cdef Py_ssize_t P, per_n, nchunks, ci, n, p0, z, isz = sizeof(store_t)
-    cdef Py_ssize_t As[4]
-    cdef Tile* tiles
-    cdef bint staged
+    cdef Py_ssize_t isz = sizeof(store_t)
     init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, out.shape, out.strides, isz, 5)
-    P = g.Do * g.Ho * g.Wo
-    if g.N * P == 0 or g.C == 0:
+    if g.N * g.Do * g.Ho * g.Wo == 0 or g.C == 0:
         return
     if scratch.shape[0] < nthreads or scratch.shape[1] < g.C:
         raise ValueError("scratch too small")
     if workspace.shape[0] < nthreads * sizeof(Tile):
         raise ValueError("workspace too small")
-    tiles = <Tile*>&workspace[0]
+    with nogil:
+        forward_run(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                    &scratch[0, 0], scratch.strides[0] // sizeof(acc_t),
+                    scratch.shape[1] >= g.C + STAGE, <Tile*>&workspace[0], &xcl[0],
+                    xcl.shape[0], &g, nthreads)
+
+
+cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* scratch,
+                      Py_ssize_t srow, bint staged, Tile* tiles, store_t* xcl, Py_ssize_t nxcl,
+                      Geo* g, int nthreads) noexcept nogil:
+    """The body of ``forward`` on raw pointers (``g`` filled, sizes checked, N * P * C > 0):
+    ``scratch`` rows of ``srow`` values, one per thread; ``staged`` when a row has room for
+    C + STAGE values; ``tiles`` one per thread; ``xcl`` of ``nxcl`` elements."""
+    cdef Geo gT
+    cdef Py_ssize_t P, per_n, nchunks, ci, n, z
+    cdef Py_ssize_t As[4]
+    P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
-    staged = scratch.shape[1] >= g.C + STAGE
-    if (channels_last_geo(&g, &gT, As) and xcl.shape[0] >= g.D * g.H * g.W * g.C):
+    if (channels_last_geo(g, &gT, As) and nxcl >= g.D * g.H * g.W * g.C):
         # batch item by batch item: a channels-last copy of the input, then its tiles
-        with nogil:
-            for n in range(g.N):
-                if nthreads == 1:
-                    transpose_planes(&inp[n, 0, 0, 0, 0], &g, &xcl[0], 0, g.D)
-                    for ci in range(per_n):
-                        forward_chunk(&xcl[0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                                      &scratch[0, 0], &gT, tiles, n * per_n + ci, per_n,
-                                      &scratch[0, g.C] if staged else NULL)
-                else:
-                    for z in prange(g.D, schedule='static', num_threads=nthreads):
-                        transpose_planes(&inp[n, 0, 0, 0, 0], &g, &xcl[0], z, z + 1)
-                    for ci in prange(per_n, schedule='static', num_threads=nthreads):
-                        forward_chunk(&xcl[0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                                      &scratch[threadid(), 0], &gT, &tiles[threadid()],
-                                      n * per_n + ci, per_n,
-                                      &scratch[threadid(), g.C] if staged else NULL)
+        for n in range(g.N):
+            if nthreads == 1:
+                transpose_planes(&x[n * g.xs[0]], g, xcl, 0, g.D)
+                for ci in range(per_n):
+                    forward_chunk(xcl, q, out, scratch, &gT, tiles, n * per_n + ci, per_n,
+                                  &scratch[g.C] if staged else NULL)
+            else:
+                for z in prange(g.D, schedule='static', num_threads=nthreads):
+                    transpose_planes(&x[n * g.xs[0]], g, xcl, z, z + 1)
+                for ci in prange(per_n, schedule='static', num_threads=nthreads):
+                    forward_chunk(xcl, q, out, &scratch[threadid() * srow], &gT,
+                                  &tiles[threadid()], n * per_n + ci, per_n,
+                                  &scratch[threadid() * srow + g.C] if staged else NULL)
         return
-    with nogil:
-        if nthreads == 1:
-            # no OpenMP region at all: cheaper for small calls, and safe in a forked child
-            for ci in range(nchunks):
-                forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                              &scratch[0, 0], &g, tiles, ci, per_n,
-                              &scratch[0, g.C] if staged else NULL)
-        else:
-            for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                              &scratch[threadid(), 0], &g, &tiles[threadid()], ci, per_n,
-                              &scratch[threadid(), g.C] if staged else NULL)
+    if nthreads == 1:
+        # no OpenMP region at all: cheaper for small calls, and safe in a forked child
+        for ci in range(nchunks):
+            forward_chunk(x, q, out, scratch, g, tiles, ci, per_n,
+                          &scratch[g.C] if staged else NULL)
+    else:
+        for ci in prange(nchunks, schedule='static', num_threads=nthreads):
+            forward_chunk(x, q, out, &scratch[threadid() * srow], g, &tiles[threadid()], ci,
+                          per_n, &scratch[threadid() * srow + g.C] if staged else NULL)
 
 
 # ---------------------------------------------------------------------------------------------
