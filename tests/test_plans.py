@@ -123,16 +123,18 @@ def _kernel_modules():
 
 
 def _run_with(module, fn):
-    """fn() with gs3d's kernels taken from ``module``."""
+    """fn() with gs3d's kernels taken from ``module`` (the call cache is cleared on both sides:
+    its scratch sets hold forward runners of the module that made them)."""
     from gs3d import _api
-    saved = (_api._kernels, _api._FORWARD, _api._BACKWARD)
+    saved = (_api._kernels, _api._BACKWARD)
+    _api.clear_call_cache()
     _api._kernels = module
-    _api._FORWARD = {k: module.forward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
     _api._BACKWARD = {k: module.backward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
     try:
         return fn()
     finally:
-        _api._kernels, _api._FORWARD, _api._BACKWARD = saved
+        _api._kernels, _api._BACKWARD = saved
+        _api.clear_call_cache()
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
