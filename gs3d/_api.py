@@ -48,7 +48,6 @@ _HALF_KIND = {"f2": 0, "bf16": 1}
 # instead of by Cython's per-call fused-type dispatch
 _SIGNATURE = {"f8": "double|double", "f4": "float|float", "f2": "unsigned short|float",
               "bf16": "unsigned short|float"}
-_FORWARD = {k: getattr(_kernels.forward, "__signatures__")[v] for k, v in _SIGNATURE.items()}
 _BACKWARD = {k: getattr(_kernels.backward, "__signatures__")[v] for k, v in _SIGNATURE.items()}
 
 # --------------------------------------------------------------------------------------------
@@ -109,7 +108,7 @@ class _Resources:
 
     __slots__ = ("pb", "kind", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "half", "perm", "mode", "padding", "align", "out_empty",
-                 "in_empty", "home", "plain_align", "cl", "xcl")
+                 "in_empty", "home", "plain_align", "cl", "xcl", "runner")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
         acc = _compute_dtype(pb.kind)
@@ -151,6 +150,16 @@ class _Resources:
         # so ``kernel_ready`` keeps every aligned array (checked inline by _forward/_backward)
         dt = np.dtype(np.uint16 if self.half else acc)
         self.plain_align = dt.alignment == dt.itemsize
+        self.runner: Any = None     # the forward's _kernels.ForwardRunner, bound on first use
+
+
+def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple) -> None:
+    """Bind a ``_kernels.ForwardRunner`` to the problem and scratch of ``res``."""
+    pb = res.pb
+    runner.bind(dtype, volume_shape(pb.N, pb.C, pb.in_spatial, pb.channels_last),
+                (pb.N, *pb.out_spatial, 3), out_shape, pb.channels_last, res.scratch,
+                res.workspace, res.xcl, res.mode, res.padding, res.align, res.half_kind, res.nt)
+    res.runner = runner
 
 
 # GNU OpenMP cannot start a parallel region in a child forked after the parent used threads
@@ -378,15 +387,12 @@ def _forward(res: _Resources, x, q, out, shape):
         x = kernel_ready(x)
     if not (res.plain_align and q.flags.aligned):
         q = kernel_ready(q)
-    t = target
-    if res.half:
-        x, q, t = x.view(np.uint16), q.view(np.uint16), t.view(np.uint16)
-    perm = res.perm
-    if perm is not None:
-        x, t = x.transpose(perm), t.transpose(perm)
-    # positional arguments: a *args call costs a tuple and Cython's slower argument parsing
-    _FORWARD[res.kind](x, q, t, res.scratch, res.workspace, res.mode, res.padding, res.align,
-                       res.half_kind, res.nt, res.xcl)
+    runner = res.runner
+    if runner is None:
+        runner = _kernels.ForwardRunner()
+        _bind_runner(runner, res, x.dtype, shape)
+    # the runner takes the arrays in the caller's layout and storage type (no views to make)
+    runner.run(x, q, target)
     if target is not result:
         result[...] = target
     return result
@@ -654,12 +660,18 @@ def _check_outs(input_grad: Any, grid_grad: Any, want_dx: bool, want_dg: bool, g
     return input_grad, grid_grad
 
 
-class ForwardPlan:
+# the selected module's runner class (a variable, so a base class mypy cannot resolve)
+_ForwardRunner: Any = _kernels.ForwardRunner
+
+
+class ForwardPlan(_ForwardRunner):
     """A validated forward for fixed shapes, dtype and options, owning its scratch memory.
 
-    Made by :func:`plan_forward`; call it as ``plan(input, grid, out=None)``. Calls on one plan
-    from several Python threads are serialised (the scratch is shared); make one plan per thread
-    to run them in parallel.
+    Made by :func:`plan_forward`; call it as ``plan(input, grid, out=None)``. The call itself
+    is ``_kernels.ForwardRunner.__call__``: arrays that pass its C checks (see there) run at
+    once, anything else goes through ``_slow_call``, the full checks.  Calls on one plan from
+    several Python threads are serialised (the scratch is shared); make one plan per thread to
+    run them in parallel.
     """
 
     def __init__(self, input_shape, grid_shape, dtype, *, mode="bilinear",
@@ -673,11 +685,13 @@ class ForwardPlan:
         self.output_shape = volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last)
         nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
         self._res = _Resources(pb, nt, False)
-        self._lock = threading.Lock()
+        _bind_runner(self, self._res, self.dtype, self.output_shape)
         #: bytes of scratch memory the plan owns and reuses on every call
         self.workspace_size = self._res.nbytes
 
-    def __call__(self, input, grid, *, out=None) -> np.ndarray:
+    def _slow_call(self, input, grid, out) -> np.ndarray:
+        """The call for arrays the C checks did not clear: the full checks (the same errors as
+        ever), then ``_forward`` (which runs the kernel through this plan, under its lock)."""
         x, q, dt = input, grid, self.dtype
         if not (x.__class__ is np.ndarray and x.shape == self.input_shape
                 and (x.dtype is dt or x.dtype == dt)):
@@ -687,12 +701,7 @@ class ForwardPlan:
             q = _run_input(q, "grid", self.grid_shape, dt)
         if out is not None:
             out = _check_out(out, self.output_shape, dt, x, q)
-        lock = self._lock
-        lock.acquire()      # cheaper than a with statement at this size
-        try:
-            return _forward(self._res, x, q, out, self.output_shape)
-        finally:
-            lock.release()
+        return _forward(self._res, x, q, out, self.output_shape)
 
 
 class BackwardPlan:

@@ -4,10 +4,11 @@ The kernels take 5-D views with axes ordered N, D, H, W, C (the grid N, Do, Ho, 
 storage type: float64, float32, or uint16 holding float16/bfloat16 bits (``half_kind`` 0/1).
 They do no validation: call them through :mod:`gs3d._api`.
 """
-from typing import Any
+from typing import Any, Optional, Tuple
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 _Store = npt.NDArray[Any]        # float64 / float32 / uint16 (16-bit formats)
 _Acc = npt.NDArray[Any]          # float64 / float32 compute type
@@ -28,3 +29,17 @@ def backward(
     scratch: _Acc, workspace: npt.NDArray[np.uint8], mode: int, padding: int, align: bool,
     half_kind: int, want_dx: bool, want_dg: bool, nthreads: int, xcl: _Store,
 ) -> None: ...
+
+@disjoint_base     # an extension type: its instance layout is its own
+class ForwardRunner:
+    def bind(
+        self, dtype: np.dtype[Any], input_shape: Tuple[int, ...], grid_shape: Tuple[int, ...],
+        output_shape: Tuple[int, ...], channels_last: bool, scratch: _Acc,
+        workspace: npt.NDArray[np.uint8], xcl: _Store, mode: int, padding: int, align: bool,
+        half_kind: int, nthreads: int,
+    ) -> None: ...
+    def run(self, x: npt.NDArray[Any], q: npt.NDArray[Any], out: npt.NDArray[Any]) -> None: ...
+    def __call__(
+        self, input: npt.NDArray[Any], grid: npt.NDArray[Any], *,
+        out: Optional[npt.NDArray[Any]] = None,
+    ) -> npt.NDArray[Any]: ...

@@ -24,9 +24,25 @@ whatever the number of threads and however the slabs are cut: results are bitwis
 the serial loop.  The slab boundaries are chosen from a sample of the grid so that threads get
 similar amounts of work.
 """
+from cpython.object cimport PyObject
+from cpython.pythread cimport (
+    NOWAIT_LOCK, WAIT_LOCK, PyThread_acquire_lock, PyThread_allocate_lock, PyThread_free_lock,
+    PyThread_release_lock, PyThread_type_lock,
+)
+from cpython.ref cimport Py_INCREF
+cimport cython
 from cython.parallel cimport prange, threadid
 from libc.math cimport rint, floor
 from libc.string cimport memset
+cimport numpy as cnp
+import numpy as np
+
+cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    # declared here with a raw descriptor: it steals a reference to it
+    object PyArray_Empty_steal "PyArray_Empty" (int nd, cnp.npy_intp* dims,
+                                                cnp.PyArray_Descr* descr, int fortran)
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
@@ -166,16 +182,25 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
                   int half_kind) except -1:
     """Sizes, input and grid strides and options of a call (``scratch`` selects the compute
     type, which must match the storage type); output strides start at 0."""
-    cdef int k
     if store_t is double:
         if acc_t is float:
             raise TypeError("compute type does not match the storage type")
     elif acc_t is double:
         raise TypeError("compute type does not match the storage type")
-    g.N, g.D, g.H, g.W, g.C = inp.shape[0], inp.shape[1], inp.shape[2], inp.shape[3], inp.shape[4]
-    g.Do, g.Ho, g.Wo = grid.shape[1], grid.shape[2], grid.shape[3]
-    fill_strides(g.xs, inp.shape, inp.strides, sizeof(store_t), 5)
-    fill_strides(g.qs, grid.shape, grid.strides, sizeof(store_t), 5)
+    init_geo_raw(g, inp.shape, inp.strides, grid.shape, grid.strides, sizeof(store_t), mode,
+                 padding, align, half_kind)
+    return 0
+
+
+cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssize_t* qshape,
+                       Py_ssize_t* qstrides, Py_ssize_t isz, int mode, int padding, bint align,
+                       int half_kind) noexcept:
+    """init_geo from shapes and byte strides (axes NDHWC-ordered) of items of ``isz`` bytes."""
+    cdef int k
+    g.N, g.D, g.H, g.W, g.C = xshape[0], xshape[1], xshape[2], xshape[3], xshape[4]
+    g.Do, g.Ho, g.Wo = qshape[1], qshape[2], qshape[3]
+    fill_strides(g.xs, xshape, xstrides, isz, 5)
+    fill_strides(g.qs, qshape, qstrides, isz, 5)
     for k in range(5):
         g.gs[k] = g.os[k] = g.ds[k] = 0
     for k in range(4):
@@ -183,7 +208,6 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
     g.simd_gather = False
     g.qp = g.op = 0
-    return 0
 
 
 cdef bint flat_points(const Py_ssize_t* s, Geo* g, Py_ssize_t* step) noexcept nogil:
@@ -740,58 +764,267 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
     stride is not 1); with fewer than D * H * W * C elements the input is read in place.
     """
     cdef Geo g
-    cdef Geo gT
-    cdef Py_ssize_t P, per_n, nchunks, ci, n, p0, z, isz = sizeof(store_t)
-    cdef Py_ssize_t As[4]
-    cdef Tile* tiles
-    cdef bint staged
+    cdef Py_ssize_t isz = sizeof(store_t)
     init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, out.shape, out.strides, isz, 5)
-    P = g.Do * g.Ho * g.Wo
-    if g.N * P == 0 or g.C == 0:
+    if g.N * g.Do * g.Ho * g.Wo == 0 or g.C == 0:
         return
     if scratch.shape[0] < nthreads or scratch.shape[1] < g.C:
         raise ValueError("scratch too small")
     if workspace.shape[0] < nthreads * sizeof(Tile):
         raise ValueError("workspace too small")
-    tiles = <Tile*>&workspace[0]
-    if store_t is float:
-        enable_simd_gather(&g)
+    with nogil:
+        forward_run(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
+                    &scratch[0, 0], scratch.strides[0] // sizeof(acc_t),
+                    scratch.shape[1] >= g.C + STAGE, <Tile*>&workspace[0], &xcl[0],
+                    xcl.shape[0], &g, nthreads)
+
+
+cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* scratch,
+                      Py_ssize_t srow, bint staged, Tile* tiles, store_t* xcl, Py_ssize_t nxcl,
+                      Geo* g, int nthreads) noexcept nogil:
+    """The body of ``forward`` on raw pointers (``g`` filled, sizes checked, N * P * C > 0):
+    ``scratch`` rows of ``srow`` values, one per thread; ``staged`` when a row has room for
+    C + STAGE values; ``tiles`` one per thread; ``xcl`` of ``nxcl`` elements."""
+    cdef Geo gT
+    cdef Py_ssize_t P, per_n, nchunks, ci, n, z
+    cdef Py_ssize_t As[4]
+    P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
-    staged = scratch.shape[1] >= g.C + STAGE
-    if (not g.simd_gather and channels_last_geo(&g, &gT, As)
-            and xcl.shape[0] >= g.D * g.H * g.W * g.C):
+    if store_t is float:
+        enable_simd_gather(g)
+    if (not g.simd_gather and channels_last_geo(g, &gT, As)
+            and nxcl >= g.D * g.H * g.W * g.C):
         # batch item by batch item: a channels-last copy of the input, then its tiles
-        with nogil:
-            for n in range(g.N):
-                if nthreads == 1:
-                    transpose_planes(&inp[n, 0, 0, 0, 0], &g, &xcl[0], 0, g.D)
-                    for ci in range(per_n):
-                        forward_chunk(&xcl[0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                                      &scratch[0, 0], &gT, tiles, n * per_n + ci, per_n,
-                                      &scratch[0, g.C] if staged else NULL)
-                else:
-                    for z in prange(g.D, schedule='static', num_threads=nthreads):
-                        transpose_planes(&inp[n, 0, 0, 0, 0], &g, &xcl[0], z, z + 1)
-                    for ci in prange(per_n, schedule='static', num_threads=nthreads):
-                        forward_chunk(&xcl[0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                                      &scratch[threadid(), 0], &gT, &tiles[threadid()],
-                                      n * per_n + ci, per_n,
-                                      &scratch[threadid(), g.C] if staged else NULL)
+        for n in range(g.N):
+            if nthreads == 1:
+                transpose_planes(&x[n * g.xs[0]], g, xcl, 0, g.D)
+                for ci in range(per_n):
+                    forward_chunk(xcl, q, out, scratch, &gT, tiles, n * per_n + ci, per_n,
+                                  &scratch[g.C] if staged else NULL)
+            else:
+                for z in prange(g.D, schedule='static', num_threads=nthreads):
+                    transpose_planes(&x[n * g.xs[0]], g, xcl, z, z + 1)
+                for ci in prange(per_n, schedule='static', num_threads=nthreads):
+                    forward_chunk(xcl, q, out, &scratch[threadid() * srow], &gT,
+                                  &tiles[threadid()], n * per_n + ci, per_n,
+                                  &scratch[threadid() * srow + g.C] if staged else NULL)
         return
-    with nogil:
-        if nthreads == 1:
-            # no OpenMP region at all: cheaper for small calls, and safe in a forked child
-            for ci in range(nchunks):
-                forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                              &scratch[0, 0], &g, tiles, ci, per_n,
-                              &scratch[0, g.C] if staged else NULL)
+    if nthreads == 1:
+        # no OpenMP region at all: cheaper for small calls, and safe in a forked child
+        for ci in range(nchunks):
+            forward_chunk(x, q, out, scratch, g, tiles, ci, per_n,
+                          &scratch[g.C] if staged else NULL)
+    else:
+        for ci in prange(nchunks, schedule='static', num_threads=nthreads):
+            forward_chunk(x, q, out, &scratch[threadid() * srow], g, &tiles[threadid()], ci,
+                          per_n, &scratch[threadid() * srow + g.C] if staged else NULL)
+
+
+# the NCDHW -> NDHWC axis order of the kernels, as a permutation of a volume's axes
+cdef Py_ssize_t TO_NDHWC[5]
+TO_NDHWC[:] = [0, 2, 3, 4, 1]
+
+
+cdef bint fits(cnp.ndarray a, const Py_ssize_t* shape, Py_ssize_t isz) noexcept:
+    """``a`` is 5-D of ``shape``, aligned, and its strides are multiples of the item size
+    ``isz`` (on the axes longer than 1, the only ones the kernels step along)."""
+    cdef cnp.npy_intp* dims = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp* strides = cnp.PyArray_STRIDES(a)
+    cdef int k
+    if cnp.PyArray_NDIM(a) != 5 or not cnp.PyArray_FLAGS(a) & cnp.NPY_ARRAY_ALIGNED:
+        return False
+    for k in range(5):
+        if dims[k] != shape[k] or (dims[k] > 1 and strides[k] % isz != 0):
+            return False
+    return True
+
+
+@cython.auto_pickle(False)     # raw pointers into its scratch; plans were never picklable
+cdef class ForwardRunner:
+    """The forward of one validated problem on its own scratch, entered with a few C checks.
+
+    gs3d._api binds it once (``bind``) to the shapes, dtype, options and scratch arrays of a
+    validated problem; ``run`` then takes ndarrays in the caller's layout (no transposes or
+    uint16 views) without acquiring typed memoryviews.  ``__call__`` is the plan's fast path:
+    exact ndarrays of the planned shapes and dtype that need no copy and no overlap test (see
+    ``__call__``) run at once; anything else goes to ``self._slow_call(input, grid, out)``,
+    which a subclass provides (the full checks; it ends in ``run``).  Calls on one runner are
+    serialised by its lock (the scratch is shared); the kernel runs without the GIL.
+    """
+    cdef object scratch, workspace, xcl, dtype
+    cdef int kind               # 0: double, 1: float, 2: unsigned short (16-bit formats)
+    cdef int nthreads, mode, padding, half_kind
+    cdef bint align, channels_first, bound
+    cdef Py_ssize_t isz, srow, nxcl
+    cdef bint staged
+    cdef char* scratch_p
+    cdef char* xcl_p
+    cdef Tile* tiles
+    cdef Py_ssize_t in_shape[5]
+    cdef Py_ssize_t grid_shape[5]
+    cdef Py_ssize_t out_shape[5]
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self, *args, **kwargs):
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    def bind(self, cnp.dtype dtype, tuple input_shape, tuple grid_shape, tuple output_shape,
+             bint channels_last, cnp.ndarray scratch, cnp.ndarray workspace, cnp.ndarray xcl,
+             int mode, int padding, bint align, int half_kind, int nthreads):
+        """Fix the problem (shapes in the caller's layout, already validated) and the scratch:
+        ``scratch`` (nthreads, C + SCRATCH_EXTRA) of the compute type, ``workspace`` uint8,
+        ``xcl`` the channels-last input copy (or a dummy), all C-contiguous.  Once only."""
+        cdef Py_ssize_t k, C
+        if self.bound:
+            raise ValueError("the runner is already bound")
+        if (len(input_shape) != 5 or len(grid_shape) != 5 or len(output_shape) != 5
+                or nthreads < 1):
+            raise ValueError("a bound problem has 5-D shapes and at least one thread")
+        for k in range(5):
+            self.in_shape[k] = input_shape[k]
+            self.grid_shape[k] = grid_shape[k]
+            self.out_shape[k] = output_shape[k]
+        C = self.in_shape[4] if channels_last else self.in_shape[1]
+        self.isz = dtype.itemsize
+        self.kind = {8: 0, 4: 1, 2: 2}[self.isz]
+        acc = np.float64 if self.kind == 0 else np.float32
+        for arr, want in ((scratch, acc), (workspace, np.uint8), (xcl, dtype)):
+            if not (arr.flags.c_contiguous and arr.flags.writeable and arr.flags.aligned
+                    and arr.dtype.itemsize == np.dtype(want).itemsize and arr.size > 0):
+                raise ValueError("scratch arrays must be aligned, writeable, C-contiguous, "
+                                 "non-empty and of the item size of their type")
+        if (scratch.ndim != 2 or scratch.dtype != acc or scratch.shape[0] < nthreads
+                or scratch.shape[1] < C):
+            raise ValueError("scratch too small")
+        if workspace.size < <Py_ssize_t>(nthreads * sizeof(Tile)):
+            raise ValueError("workspace too small")
+        self.dtype, self.scratch, self.workspace, self.xcl = dtype, scratch, workspace, xcl
+        self.channels_first = not channels_last
+        self.srow = scratch.shape[1]
+        self.staged = scratch.shape[1] >= C + STAGE
+        self.scratch_p = <char*>cnp.PyArray_DATA(scratch)
+        self.tiles = <Tile*>cnp.PyArray_DATA(workspace)
+        self.xcl_p = <char*>cnp.PyArray_DATA(xcl)
+        self.nxcl = xcl.size
+        self.mode, self.padding, self.align, self.half_kind = mode, padding, align, half_kind
+        self.nthreads = nthreads
+        self.bound = True
+
+    cdef int launch(self, cnp.ndarray x, cnp.ndarray q, cnp.ndarray out) except -1:
+        """The kernel on arrays already checked against the bound problem."""
+        cdef Geo g
+        cdef Py_ssize_t xsh[5]
+        cdef Py_ssize_t xst[5]
+        cdef Py_ssize_t osh[5]
+        cdef Py_ssize_t ost[5]
+        cdef cnp.npy_intp* d
+        cdef cnp.npy_intp* s
+        cdef Py_ssize_t k, j
+        cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
+        cdef const char* qp = <const char*>cnp.PyArray_DATA(q)
+        cdef char* op = <char*>cnp.PyArray_DATA(out)
+        d, s = cnp.PyArray_DIMS(x), cnp.PyArray_STRIDES(x)
+        for k in range(5):
+            j = TO_NDHWC[k] if self.channels_first else k
+            xsh[k] = d[j]
+            xst[k] = s[j]
+        d, s = cnp.PyArray_DIMS(out), cnp.PyArray_STRIDES(out)
+        for k in range(5):
+            j = TO_NDHWC[k] if self.channels_first else k
+            osh[k] = d[j]
+            ost[k] = s[j]
+        init_geo_raw(&g, xsh, xst, <Py_ssize_t*>cnp.PyArray_DIMS(q),
+                     <Py_ssize_t*>cnp.PyArray_STRIDES(q), self.isz,
+                     self.mode, self.padding, self.align, self.half_kind)
+        fill_strides(g.gs, osh, ost, self.isz, 5)
+        if g.N * g.Do * g.Ho * g.Wo == 0 or g.C == 0:
+            return 0
+        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        with nogil:
+            if self.kind == 0:
+                forward_run(<const double*>xp, <const double*>qp, <double*>op,
+                            <double*>self.scratch_p, self.srow, self.staged, self.tiles,
+                            <double*>self.xcl_p, self.nxcl, &g, self.nthreads)
+            elif self.kind == 1:
+                forward_run(<const float*>xp, <const float*>qp, <float*>op,
+                            <float*>self.scratch_p, self.srow, self.staged, self.tiles,
+                            <float*>self.xcl_p, self.nxcl, &g, self.nthreads)
+            else:
+                forward_run(<const unsigned short*>xp, <const unsigned short*>qp,
+                            <unsigned short*>op, <float*>self.scratch_p, self.srow,
+                            self.staged, self.tiles, <unsigned short*>self.xcl_p, self.nxcl,
+                            &g, self.nthreads)
+            PyThread_release_lock(self.lock)
+        return 0
+
+    def run(self, x, q, out):
+        """The forward of ``x``, ``grid`` ``q`` into ``out`` (ndarrays in the caller's layout).
+
+        The caller has done the full checks; repeated here, as the condition of entering the
+        kernel, are those that memory safety rests on: bound, the bound shapes and dtype,
+        aligned arrays with item-multiple strides, a writeable ``out``.  Overlap is the
+        caller's (``check_output``)."""
+        if not (self.bound and cnp.PyArray_Check(x) and cnp.PyArray_Check(q)
+                and cnp.PyArray_Check(out)):
+            raise ValueError("forward runner: not bound, or not three ndarrays")
+        if not (fits(x, self.in_shape, self.isz) and fits(q, self.grid_shape, self.isz)
+                and fits(out, self.out_shape, self.isz)):
+            raise ValueError("forward runner: arrays must have the bound shapes, be aligned "
+                             "and have item-multiple strides")
+        if not (cnp.PyArray_EquivTypes(x.dtype, self.dtype)
+                and cnp.PyArray_EquivTypes(q.dtype, self.dtype)
+                and cnp.PyArray_EquivTypes(out.dtype, self.dtype)):
+            raise ValueError("forward runner: arrays must have the bound dtype")
+        if not cnp.PyArray_FLAGS(out) & cnp.NPY_ARRAY_WRITEABLE:
+            raise ValueError("forward runner: out is read-only")
+        self.launch(x, q, out)
+
+    def __call__(self, input, grid, *, out=None):
+        """``plan(input, grid, out=None)``: the sampled values (``out`` when given).
+
+        At once, without a Python-level check, when ``input`` and ``grid`` are exact ndarrays
+        of the planned shapes and (identical) dtype object, aligned with item-multiple strides,
+        and ``out`` is None or such an ndarray of the output shape, writeable, contiguous and
+        owning its memory, as do ``input`` and ``grid`` (which it is not): such arrays need no
+        copy and cannot overlap (the quick test of ``_api._check_out``).  Otherwise
+        ``self._slow_call(input, grid, out)``."""
+        cdef PyObject* dt = <PyObject*>self.dtype
+        cdef cnp.ndarray x, q, o
+        if not (self.bound and cnp.PyArray_CheckExact(input) and cnp.PyArray_CheckExact(grid)):
+            return self._slow_call(input, grid, out)
+        x, q = <cnp.ndarray>input, <cnp.ndarray>grid
+        if not (<PyObject*>cnp.PyArray_DESCR(x) == dt and <PyObject*>cnp.PyArray_DESCR(q) == dt
+                and fits(x, self.in_shape, self.isz) and fits(q, self.grid_shape, self.isz)):
+            return self._slow_call(input, grid, out)
+        if out is None:
+            Py_INCREF(self.dtype)
+            o = PyArray_Empty_steal(5, <cnp.npy_intp*>self.out_shape,
+                                    <cnp.PyArray_Descr*>dt, 0)      # fresh memory is aligned
         else:
-            for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                forward_chunk(&inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0], &out[0, 0, 0, 0, 0],
-                              &scratch[threadid(), 0], &g, &tiles[threadid()], ci, per_n,
-                              &scratch[threadid(), g.C] if staged else NULL)
+            if not cnp.PyArray_CheckExact(out) or out is input or out is grid:
+                return self._slow_call(input, grid, out)
+            o = <cnp.ndarray>out
+            if not (<PyObject*>cnp.PyArray_DESCR(o) == dt and fits(o, self.out_shape, self.isz)
+                    and cnp.PyArray_FLAGS(o) & cnp.NPY_ARRAY_WRITEABLE
+                    and cnp.PyArray_FLAGS(o) & (cnp.NPY_ARRAY_C_CONTIGUOUS
+                                                | cnp.NPY_ARRAY_F_CONTIGUOUS)
+                    and cnp.PyArray_FLAGS(o) & cnp.PyArray_FLAGS(x) & cnp.PyArray_FLAGS(q)
+                    & cnp.NPY_ARRAY_OWNDATA
+                    and cnp.PyArray_BASE(o) == NULL and cnp.PyArray_BASE(x) == NULL
+                    and cnp.PyArray_BASE(q) == NULL):
+                return self._slow_call(input, grid, out)
+        self.launch(x, q, o)
+        return o
 
 
 # ---------------------------------------------------------------------------------------------

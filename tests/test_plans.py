@@ -75,6 +75,44 @@ def test_plan_validates_once_and_checks_each_call():
     assert np.array_equal(plan(g, x, q, input_grad=rev)[0], plan(g, x, q)[0])
 
 
+def test_forward_plan_fast_path_hands_doubtful_arrays_to_the_full_checks():
+    """The C fast path of plan(...) runs only arrays that need no copy and cannot overlap;
+    every other array reaches the full checks: same results, same errors, nothing written."""
+    g, x, q = _case(np.random.default_rng(4))
+    plan = gs3d.plan_forward(x.shape, q.shape, x.dtype)
+    want = plan(x, q)
+    assert np.array_equal(want.view(np.uint8), gs3d.grid_sample_3d(x, q).view(np.uint8))
+    # valid but not for the fast path: misaligned, reversed, a subclass, an equal dtype object
+    raw = np.zeros(x.nbytes + 1, np.uint8)[1:].view(x.dtype).reshape(x.shape)
+    raw[...] = x
+    assert not raw.flags.aligned
+    meta = np.dtype(x.dtype, metadata={"m": 1})
+    assert meta == x.dtype and meta is not x.dtype
+    for xi in (raw, x[::-1, ::-1].copy()[::-1, ::-1], x.view(np.memmap), x.view(meta)):
+        assert np.array_equal(plan(xi, q).view(np.uint8), want.view(np.uint8))
+    outs = [np.full(want.shape, 7, x.dtype)[..., ::-1], np.full(want.shape, 7, meta),
+            np.full(want.shape[::-1], 7, x.dtype).T]
+    for out in outs:
+        assert plan(x, q, out=out) is out and np.array_equal(out, want)
+    # invalid: read-only, overlapping an input, self-overlapping, wrong dtype or byte order
+    readonly = np.full(want.shape, 7, x.dtype)
+    readonly.flags.writeable = False
+    big = np.zeros(x.size + want.size, x.dtype)
+    xv = big[:x.size].reshape(x.shape)
+    xv[...] = x
+    overlapping = big[x.size - 5:x.size - 5 + want.size].reshape(want.shape)
+    flat = np.full(want.size, 7, x.dtype)
+    repeated = np.lib.stride_tricks.as_strided(flat, want.shape, (0,) + want.strides[1:])
+    for xi, out in ((x, readonly), (xv, overlapping), (x, repeated),
+                    (x, np.full(want.shape, 7, np.float64)), (x, np.full(want.shape, 7, ">f4"))):
+        with pytest.raises(gs3d.GridSamplerError, match="out"):
+            plan(xi, q, out=out)
+        assert np.all(out == 7) if out is not overlapping else np.array_equal(xv, x)
+    for xi in (x.astype(">f4"), x[:1], None, x.tolist()):
+        with pytest.raises(gs3d.GridSamplerError, match="input"):
+            plan(xi, q)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
 def test_deterministic_bitwise_across_threads(mode, dtype):
@@ -123,16 +161,18 @@ def _kernel_modules():
 
 
 def _run_with(module, fn):
-    """fn() with gs3d's kernels taken from ``module``."""
+    """fn() with gs3d's kernels taken from ``module`` (the call cache is cleared on both sides:
+    its scratch sets hold forward runners of the module that made them)."""
     from gs3d import _api
-    saved = (_api._kernels, _api._FORWARD, _api._BACKWARD)
+    saved = (_api._kernels, _api._BACKWARD)
+    _api.clear_call_cache()
     _api._kernels = module
-    _api._FORWARD = {k: module.forward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
     _api._BACKWARD = {k: module.backward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
     try:
         return fn()
     finally:
-        _api._kernels, _api._FORWARD, _api._BACKWARD = saved
+        _api._kernels, _api._BACKWARD = saved
+        _api.clear_call_cache()
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
