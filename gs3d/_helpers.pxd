@@ -179,15 +179,24 @@ cdef extern from *:
        the order tnw .. bse with out-of-bounds corners skipped (a blend, never a read).  A point
        that samples nothing gets corner-0 index -2 on that axis, so no corner is in bounds.
        Offsets are int32: the caller checks that indices in [-2, size + 1] keep them in range. */
+    /* arguments of gs3d_backward_gather_avx2: the input x, the accumulator A (batch item
+       applied, strides ax, ay, az, ac), grid q, grad_output go and grid_grad dq (points at
+       steps qp, gp, dp; coordinate / channel strides qc, gc, dc), the input's strides and
+       sizes, the depth slab [zlo, zhi) and the options */
+    typedef struct {
+        const float* x; float* A; const float* q; const float* go; float* dq;
+        Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi;
+        int align, border, do_dx, do_dg, own_all;
+    } gs3d_bwd_args;
     #if defined(__AVX2__)
     #include <immintrin.h>
     #define GS3D_HAVE_SIMD_GATHER 1
     static inline void gs3d_map4(__m256d gv, double sz, int align, int border,
-                                 __m256d* fl, __m256d* fr) {
+                                 __m256d* fl, __m256d* fr, __m256d* okm, __m256d* mult) {
         const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
         const __m256d two = _mm256_set1_pd(2.0), szv = _mm256_set1_pd(sz);
         const __m256d hi = _mm256_set1_pd(sz - 1.0);
-        __m256d u, ok, uc, f;
+        __m256d u, ok, uc, f, m = _mm256_set1_pd(align ? (sz - 1.0) / 2.0 : sz / 2.0);
         if (align)
             u = _mm256_mul_pd(_mm256_div_pd(_mm256_add_pd(gv, one), two), hi);
         else
@@ -196,6 +205,8 @@ cdef extern from *:
             __m256d edge = _mm256_blendv_pd(hi, zero, _mm256_cmp_pd(gv, zero, _CMP_LT_OQ));
             __m256d fin = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
             u = _mm256_blendv_pd(edge, u, fin);
+            m = _mm256_and_pd(m, _mm256_and_pd(_mm256_cmp_pd(u, zero, _CMP_GT_OQ),
+                                               _mm256_cmp_pd(u, hi, _CMP_LT_OQ)));
             u = _mm256_blendv_pd(u, zero, _mm256_cmp_pd(u, zero, _CMP_LE_OQ));
             u = _mm256_blendv_pd(u, hi, _mm256_cmp_pd(u, hi, _CMP_GE_OQ));
             ok = _mm256_cmp_pd(gv, gv, _CMP_EQ_OQ);
@@ -203,6 +214,8 @@ cdef extern from *:
             ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
         }
         u = _mm256_and_pd(u, ok);
+        *okm = ok;
+        *mult = _mm256_and_pd(m, ok);
         uc = _mm256_blendv_pd(u, _mm256_set1_pd(-2.0), _mm256_cmp_pd(u, _mm256_set1_pd(-2.0), _CMP_LT_OQ));
         uc = _mm256_blendv_pd(uc, _mm256_set1_pd(sz + 1.0),
                               _mm256_cmp_pd(uc, _mm256_set1_pd(sz + 1.0), _CMP_GT_OQ));
@@ -212,14 +225,21 @@ cdef extern from *:
     }
     /* one axis of eight points: int32 corner-0 index, in-bounds masks of corners 0 and 1, and
        the float weights (1 - frac, frac) */
+    static inline __m128i gs3d_mask_pd_to_epi32(__m256d m) {
+        /* the low halves of four all-ones / all-zeros 64-bit lanes, as four 32-bit lanes */
+        return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+            _mm256_castpd_si256(m), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
+    }
     static inline void gs3d_axis8(const float* c, double sz, int align, int border,
                                   __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
-                                  __m256* w1) {
-        __m256d fl0, fr0, fl1, fr1;
+                                  __m256* w1, __m256i* ok, __m256* mult) {
+        __m256d fl0, fr0, fl1, fr1, ok0, ok1, m0, m1;
         const __m256d one = _mm256_set1_pd(1.0);
         const int n = (int)sz;
-        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c)), sz, align, border, &fl0, &fr0);
-        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c + 4)), sz, align, border, &fl1, &fr1);
+        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c)), sz, align, border, &fl0, &fr0, &ok0, &m0);
+        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c + 4)), sz, align, border, &fl1, &fr1, &ok1, &m1);
+        *ok = _mm256_set_m128i(gs3d_mask_pd_to_epi32(ok1), gs3d_mask_pd_to_epi32(ok0));
+        *mult = _mm256_set_m128(_mm256_cvtpd_ps(m1), _mm256_cvtpd_ps(m0));
         *idx = _mm256_set_m128i(_mm256_cvttpd_epi32(fl1), _mm256_cvttpd_epi32(fl0));
         *in0 = _mm256_and_si256(_mm256_cmpgt_epi32(*idx, _mm256_set1_epi32(-1)),
                                 _mm256_cmpgt_epi32(_mm256_set1_epi32(n), *idx));
@@ -232,6 +252,23 @@ cdef extern from *:
     /* one block of eight points after mapping: int32 offset of corner 0, the in-bounds masks
        of corners 0 and 1 per axis and the weights (1 - frac, frac) per axis */
     typedef struct { __m256i base, m[6]; __m256 w[6]; } gs3d_block8;
+    /* Prefetch the four x-rows of corners (y, z) .. (y + 1, z + 1) of the lanes of ``lanes``
+       (bits) whose first corner sits ``off`` floats from ``v``: hints only, an address outside
+       the volume cannot fault. */
+    static inline void gs3d_prefetch_corner_rows8(const float* v, __m256i off, unsigned lanes,
+                                                  Py_ssize_t sy, Py_ssize_t sz) {
+        int bo[8], l;
+        _mm256_storeu_si256((__m256i*)bo, off);
+        for (l = 0; l < 8; l++) {
+            if ((lanes >> l) & 1) {
+                const char* c0 = (const char*)v + 4 * (Py_ssize_t)bo[l];
+                _mm_prefetch(c0, _MM_HINT_T0);
+                _mm_prefetch(c0 + 4 * sy, _MM_HINT_T0);
+                _mm_prefetch(c0 + 4 * sz, _MM_HINT_T0);
+                _mm_prefetch(c0 + 4 * (sy + sz), _MM_HINT_T0);
+            }
+        }
+    }
     /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op + c * oc];
        the input x (batch item applied) has element strides sx, sy, sz, xc along W, H, D and
        the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
@@ -243,10 +280,9 @@ cdef extern from *:
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
                                      Py_ssize_t cnt, int align, int border) {
         float cx[8], cy[8], cz[8], r[8];
-        int bo[8];
         gs3d_block8 blk[8];
-        __m256i ix, iy, iz, m;
-        __m256 s, v, w;
+        __m256i ix, iy, iz, m, okv;
+        __m256 s, v, mv;
         const __m256i vsx = _mm256_set1_epi32((int)sx), vsy = _mm256_set1_epi32((int)sy);
         const __m256i vsz = _mm256_set1_epi32((int)sz);
         Py_ssize_t p0, p, c;
@@ -265,21 +301,13 @@ cdef extern from *:
                         cx[l] = cy[l] = cz[l] = NAN;      /* padding lanes sample nothing */
                     }
                 }
-                gs3d_axis8(cx, (double)W, align, border, &ix, &B->m[0], &B->m[1], &B->w[0], &B->w[1]);
-                gs3d_axis8(cy, (double)H, align, border, &iy, &B->m[2], &B->m[3], &B->w[2], &B->w[3]);
-                gs3d_axis8(cz, (double)D, align, border, &iz, &B->m[4], &B->m[5], &B->w[4], &B->w[5]);
+                gs3d_axis8(cx, (double)W, align, border, &ix, &B->m[0], &B->m[1], &B->w[0], &B->w[1], &okv, &mv);
+                gs3d_axis8(cy, (double)H, align, border, &iy, &B->m[2], &B->m[3], &B->w[2], &B->w[3], &okv, &mv);
+                gs3d_axis8(cz, (double)D, align, border, &iz, &B->m[4], &B->m[5], &B->w[4], &B->w[5], &okv, &mv);
                 B->base = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(iz, vsz),
                                                             _mm256_mullo_epi32(iy, vsy)),
                                            _mm256_mullo_epi32(ix, vsx));
-                _mm256_storeu_si256((__m256i*)bo, B->base);
-                for (l = 0; l < k; l++) {
-                    /* a hint only: an address outside the volume cannot fault */
-                    const char* c0 = (const char*)x + 4 * (Py_ssize_t)bo[l];
-                    _mm_prefetch(c0, _MM_HINT_T0);
-                    _mm_prefetch(c0 + 4 * sy, _MM_HINT_T0);
-                    _mm_prefetch(c0 + 4 * sz, _MM_HINT_T0);
-                    _mm_prefetch(c0 + 4 * (sy + sz), _MM_HINT_T0);
-                }
+                gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
             }
             for (b = 0; b < nb; b++) {
                 const gs3d_block8* B = &blk[b];
@@ -314,6 +342,214 @@ cdef extern from *:
             }
         }
     }
+    /* The float32 backward under bilinear zeros/border padding for up to 8 channels, eight
+       points per step with AVX2: the bits of setup_tile + backward_tile.  Per block of eight
+       points, vectorised: the mapping (with the grid-gradient factors), corner masks and
+       weights, the gathers and channel dots of the grid gradient (C < 8: a chain from +0 in
+       channel order, then + 0, as lane 0 of dot_channels; C = 8: the tree of lane_sum), and
+       both grid-gradient formulas of grid_grad_of, picked per point.  The input-gradient
+       scatter stays scalar, point by point in order, so that every element receives its
+       contributions in the order of the tile loop.  Corners are scattered only where their
+       depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
+       plane (key_of) is there, unless own_all. */
+    typedef struct {
+        __m256i base, abase, iz, ok, own, m[6];
+        __m256 w[6], mult[3];
+        int ownb, slabb;    /* lanes with grid-gradient / input-gradient work for this call */
+    } gs3d_bblock8;
+    static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
+        float cx[8], cy[8], cz[8], gx8[8], gy8[8], gz8[8], wa[8][8], gov[8][8];
+        int oa[8][8], own8[8];
+        unsigned vsb[8];
+        gs3d_bblock8 blk[8];
+        __m256i ix, iy, iz, okx, oky, okz, mj[8], own, mall, slab;
+        int ownb, slabb;
+        __m256 mx, my, mz, g[8], d[8], v, acc, gx, gy, gz;
+        const Py_ssize_t C = a->C, sx = a->sx, sy = a->sy, sz = a->sz;
+        const Py_ssize_t ax = a->ax, ay = a->ay, az = a->az;
+        const int all_planes = a->zlo <= 0 && a->zhi >= a->D;
+        Py_ssize_t p0, p, c;
+        int l, j, k, b, nb;
+        for (p0 = 0; p0 < cnt; p0 += 64) {
+            nb = (int)((cnt - p0 < 64 ? cnt - p0 : 64) + 7) / 8;
+            for (b = 0; b < nb; b++) {
+                gs3d_bblock8* B = &blk[b];
+                __m256i vld;
+                p = p0 + 8 * b;
+                k = cnt - p < 8 ? (int)(cnt - p) : 8;
+                for (l = 0; l < 8; l++) {
+                    if (l < k) {
+                        const float* q = a->q + (p + l) * a->qp;
+                        cx[l] = q[0]; cy[l] = q[a->qc]; cz[l] = q[2 * a->qc];
+                    } else {
+                        cx[l] = cy[l] = cz[l] = NAN;
+                    }
+                }
+                gs3d_axis8(cx, (double)a->W, a->align, a->border, &ix, &B->m[0], &B->m[1],
+                           &B->w[0], &B->w[1], &okx, &mx);
+                gs3d_axis8(cy, (double)a->H, a->align, a->border, &iy, &B->m[2], &B->m[3],
+                           &B->w[2], &B->w[3], &oky, &my);
+                gs3d_axis8(cz, (double)a->D, a->align, a->border, &iz, &B->m[4], &B->m[5],
+                           &B->w[4], &B->w[5], &okz, &mz);
+                vld = _mm256_and_si256(_mm256_and_si256(okx, oky), okz);
+                B->mult[0] = _mm256_and_ps(mx, _mm256_castsi256_ps(vld));
+                B->mult[1] = _mm256_and_ps(my, _mm256_castsi256_ps(vld));
+                B->mult[2] = _mm256_and_ps(mz, _mm256_castsi256_ps(vld));
+                B->iz = iz;
+                B->ok = okz;
+                B->base = _mm256_add_epi32(_mm256_add_epi32(
+                    _mm256_mullo_epi32(iz, _mm256_set1_epi32((int)sz)),
+                    _mm256_mullo_epi32(iy, _mm256_set1_epi32((int)sy))),
+                    _mm256_mullo_epi32(ix, _mm256_set1_epi32((int)sx)));
+                B->abase = _mm256_add_epi32(_mm256_add_epi32(
+                    _mm256_mullo_epi32(iz, _mm256_set1_epi32((int)az)),
+                    _mm256_mullo_epi32(iy, _mm256_set1_epi32((int)ay))),
+                    _mm256_mullo_epi32(ix, _mm256_set1_epi32((int)ax)));
+                /* the points this call owns (grid gradient) and those with a corner plane in
+                   [zlo, zhi) (input gradient): at N = 1 every thread maps every point, and
+                   only those are prefetched and worked on */
+                if (a->own_all) {
+                    B->own = _mm256_set1_epi32(-1);
+                } else {
+                    /* key_of: 0 for a dead z (index -2) or below, D - 1 above */
+                    __m256i key = _mm256_min_epi32(_mm256_max_epi32(iz, _mm256_setzero_si256()),
+                                                   _mm256_set1_epi32((int)a->D - 1));
+                    B->own = _mm256_and_si256(_mm256_cmpgt_epi32(key, _mm256_set1_epi32((int)a->zlo - 1)),
+                                              _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), key));
+                }
+                slab = _mm256_set1_epi32(-1);
+                if (!all_planes)
+                    slab = _mm256_and_si256(_mm256_cmpgt_epi32(iz, _mm256_set1_epi32((int)a->zlo - 2)),
+                                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), iz));
+                ownb = a->do_dg ? _mm256_movemask_ps(_mm256_castsi256_ps(B->own)) : 0;
+                slabb = a->do_dx ? _mm256_movemask_ps(_mm256_castsi256_ps(slab)) : 0;
+                B->ownb = ownb & ((1 << k) - 1);
+                B->slabb = slabb & ((1 << k) - 1);
+                gs3d_prefetch_corner_rows8(a->x, B->base, (unsigned)B->ownb, sy, sz);
+                gs3d_prefetch_corner_rows8(a->A, B->abase, (unsigned)B->slabb, ay, az);
+            }
+            for (b = 0; b < nb; b++) {
+                const gs3d_bblock8* B = &blk[b];
+                p = p0 + 8 * b;
+                k = cnt - p < 8 ? (int)(cnt - p) : 8;
+                if (!(B->ownb | B->slabb))
+                    continue;           /* nothing of these eight points is this call's */
+                for (c = 0; c < C; c++) {
+                    for (l = 0; l < 8; l++)
+                        gov[c][l] = l < k ? a->go[(p + l) * a->gp + c * a->gc] : 0.0f;
+                    g[c] = _mm256_loadu_ps(gov[c]);
+                }
+                mall = _mm256_set1_epi32(-1);
+                for (j = 0; j < 8; j++) {
+                    mj[j] = _mm256_and_si256(_mm256_and_si256(B->m[j & 1], B->m[2 + ((j >> 1) & 1)]),
+                                             B->m[4 + (j >> 2)]);
+                    mall = _mm256_and_si256(mall, mj[j]);
+                }
+                if (B->ownb) {
+                    const __m256 zero = _mm256_setzero_ps();
+                    const __m256 wx0 = B->w[0], wx1 = B->w[1], wy0 = B->w[2], wy1 = B->w[3];
+                    const __m256 wz0 = B->w[4], wz1 = B->w[5];
+                    __m256 hx, hy, hz;
+                    own = B->own;
+                    for (j = 0; j < 8; j++) {
+                        const __m256i mg = _mm256_and_si256(mj[j], own);
+                        const __m256i off = _mm256_add_epi32(B->base, _mm256_set1_epi32(
+                            (int)((j >> 2) * sz + ((j >> 1) & 1) * sy + (j & 1) * sx)));
+                        if (C == 8) {
+                            __m256 t[8];
+                            for (c = 0; c < 8; c++) {
+                                v = _mm256_mask_i32gather_ps(zero, a->x + c * a->xc, off,
+                                                             _mm256_castsi256_ps(mg), 4);
+                                t[c] = _mm256_add_ps(zero, _mm256_mul_ps(g[c], v));
+                            }
+                            d[j] = _mm256_add_ps(
+                                _mm256_add_ps(_mm256_add_ps(t[0], t[4]), _mm256_add_ps(t[2], t[6])),
+                                _mm256_add_ps(_mm256_add_ps(t[1], t[5]), _mm256_add_ps(t[3], t[7])));
+                        } else {
+                            acc = zero;
+                            for (c = 0; c < C; c++) {
+                                v = _mm256_mask_i32gather_ps(zero, a->x + c * a->xc, off,
+                                                             _mm256_castsi256_ps(mg), 4);
+                                acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], v));
+                            }
+                            d[j] = _mm256_add_ps(acc, zero);
+                        }
+                    }
+                    /* every corner in bounds: the sums factored by axis */
+                    hx = _mm256_add_ps(
+                        _mm256_mul_ps(wz0, _mm256_add_ps(_mm256_mul_ps(wy0, _mm256_sub_ps(d[1], d[0])),
+                                                         _mm256_mul_ps(wy1, _mm256_sub_ps(d[3], d[2])))),
+                        _mm256_mul_ps(wz1, _mm256_add_ps(_mm256_mul_ps(wy0, _mm256_sub_ps(d[5], d[4])),
+                                                         _mm256_mul_ps(wy1, _mm256_sub_ps(d[7], d[6])))));
+                    hy = _mm256_add_ps(
+                        _mm256_mul_ps(wz0, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[2], d[0])),
+                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[3], d[1])))),
+                        _mm256_mul_ps(wz1, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[6], d[4])),
+                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[7], d[5])))));
+                    hz = _mm256_add_ps(
+                        _mm256_mul_ps(wy0, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[4], d[0])),
+                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[5], d[1])))),
+                        _mm256_mul_ps(wy1, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[6], d[2])),
+                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[7], d[3])))));
+                    /* otherwise the corner by corner sum over the corners in bounds */
+                    gx = gy = gz = zero;
+                    for (j = 0; j < 8; j++) {
+                        const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
+                        const __m256 m = _mm256_castsi256_ps(mj[j]);
+                        const __m256 fx = _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]);
+                        const __m256 fy = _mm256_mul_ps(B->w[jx], B->w[4 + jz]);
+                        const __m256 fz = _mm256_mul_ps(B->w[jx], B->w[2 + jy]);
+                        const __m256 ex = _mm256_mul_ps(d[j], fx), ey = _mm256_mul_ps(d[j], fy);
+                        const __m256 ez = _mm256_mul_ps(d[j], fz);
+                        gx = _mm256_blendv_ps(gx, jx ? _mm256_add_ps(gx, ex) : _mm256_sub_ps(gx, ex), m);
+                        gy = _mm256_blendv_ps(gy, jy ? _mm256_add_ps(gy, ey) : _mm256_sub_ps(gy, ey), m);
+                        gz = _mm256_blendv_ps(gz, jz ? _mm256_add_ps(gz, ez) : _mm256_sub_ps(gz, ez), m);
+                    }
+                    gx = _mm256_blendv_ps(gx, hx, _mm256_castsi256_ps(mall));
+                    gy = _mm256_blendv_ps(gy, hy, _mm256_castsi256_ps(mall));
+                    gz = _mm256_blendv_ps(gz, hz, _mm256_castsi256_ps(mall));
+                    _mm256_storeu_ps(gx8, _mm256_mul_ps(B->mult[0], gx));
+                    _mm256_storeu_ps(gy8, _mm256_mul_ps(B->mult[1], gy));
+                    _mm256_storeu_ps(gz8, _mm256_mul_ps(B->mult[2], gz));
+                    _mm256_storeu_si256((__m256i*)own8, own);
+                    for (l = 0; l < k; l++) {
+                        if (own8[l]) {
+                            float* o = a->dq + (p + l) * a->dp;
+                            o[0] = gx8[l];
+                            o[a->dc] = gy8[l];
+                            o[2 * a->dc] = gz8[l];
+                        }
+                    }
+                }
+                if (B->slabb) {
+                    for (j = 0; j < 8; j++) {
+                        const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
+                        __m256i vs = mj[j];
+                        if (!all_planes) {
+                            const __m256i z = _mm256_add_epi32(B->iz, _mm256_set1_epi32(jz));
+                            vs = _mm256_and_si256(vs, _mm256_and_si256(
+                                _mm256_cmpgt_epi32(z, _mm256_set1_epi32((int)a->zlo - 1)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), z)));
+                        }
+                        vsb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(vs));
+                        _mm256_storeu_ps(wa[j], _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz])));
+                        _mm256_storeu_si256((__m256i*)oa[j], _mm256_add_epi32(B->abase,
+                            _mm256_set1_epi32((int)(jz * az + jy * ay + jx * ax))));
+                    }
+                    for (l = 0; l < k; l++) {
+                        for (j = 0; j < 8; j++) {
+                            if ((vsb[j] >> l) & 1) {
+                                float* dst = a->A + oa[j][l];
+                                const float w = wa[j][l];
+                                for (c = 0; c < C; c++)
+                                    dst[c * a->ac] = dst[c * a->ac] + w * gov[c][l];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
     #else
     #define GS3D_HAVE_SIMD_GATHER 0
     static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
@@ -325,12 +561,24 @@ cdef extern from *:
         (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
         (void)border;
     }
+    static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
+        (void)a; (void)cnt;
+    }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
     """
     int GS3D_OPENMP
     int GS3D_HAVE_SIMD_GATHER
+    ctypedef struct gs3d_bwd_args:
+        const float* x
+        float* A
+        const float* q
+        const float* go
+        float* dq
+        Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
+        int align, border, do_dx, do_dg, own_all
+    void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) noexcept nogil
     void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
                               Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
                               Py_ssize_t xc, const float* q, Py_ssize_t qp, Py_ssize_t qc,

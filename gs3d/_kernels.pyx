@@ -48,7 +48,8 @@ from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
-    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
+    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
+    gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
 )
 
 ctypedef fused store_t:
@@ -70,8 +71,9 @@ cdef struct Geo:
     Py_ssize_t ds[5]     # input_grad strides, axes N, D, H, W, C
     Py_ssize_t as_[4]    # float32 accumulator strides (16-bit input_grad), axes D, H, W, C
     int mode, padding, align, half_kind
-    bint simd_gather     # forward through gs3d_forward_gather_avx2 (see enable_simd_gather)
-    Py_ssize_t qp, op    # and its point strides of the grid and the output
+    bint simd_gather     # through gs3d_forward/backward_gather_avx2 (see enable_simd_gather)
+    Py_ssize_t qp, op    # and its point strides of the grid and grad_output / the output
+    Py_ssize_t dp        # and of grid_grad (backward)
 
 
 cdef enum:
@@ -100,6 +102,13 @@ cdef enum:
 # channel's gathers miss anew; the channels-last copy keeps a corner's channels together).
 cdef enum:
     GATHER_MAX_C = 8
+
+# Its backward (gs3d_backward_gather_avx2, float32, not through a channels-last copy), measured
+# against the tile loop at 1 and 2 threads, N = 1 and 2: C = 1-7 1.06-2.0x faster (random
+# grids at N = 1 gain least: every thread maps every point), C = 8 0.92-1.04x (the tile loop's
+# eight-lane channel dot is as fast), so it stops at 7.
+cdef enum:
+    BWD_GATHER_MAX_C = 7
 
 
 # columns of scratch a kernel needs beyond the C of the channel buffer
@@ -218,14 +227,15 @@ cdef bint flat_points(const Py_ssize_t* s, Geo* g, Py_ssize_t* step) noexcept no
             and (g.Do <= 1 or s[1] == step[0] * g.Wo * g.Ho))
 
 
-cdef bint int32_offsets(Geo* g) noexcept nogil:
+cdef bint int32_offsets(Geo* g, const Py_ssize_t* st) noexcept nogil:
     """True when the offset of every corner of indices in [-2, size + 1], in every channel, fits
-    in an int32 (the gathers of gs3d_forward_gather_avx2 index with int32)."""
+    in an int32 in a volume of element strides ``st`` (D, H, W, C): the gathers and scatters
+    of gs3d_forward/backward_gather_avx2 index with int32."""
     cdef Py_ssize_t reach = 0, k, s
     cdef Py_ssize_t extent[4]
     extent[0], extent[1], extent[2], extent[3] = g.D + 2, g.H + 2, g.W + 2, g.C
     for k in range(4):
-        s = g.xs[k + 1] if g.xs[k + 1] >= 0 else -g.xs[k + 1]
+        s = st[k] if st[k] >= 0 else -st[k]
         if extent[k] > 2147483647 // 4 or (s and extent[k] > (2147483647 // 2) // s):
             return False
         reach += extent[k] * s
@@ -239,7 +249,7 @@ cdef void enable_simd_gather(Geo* g) noexcept nogil:
     applies: at most GATHER_MAX_C channels, bilinear, zeros or border padding, grid and output
     points at fixed steps, int32 offsets."""
     g.simd_gather = (GS3D_HAVE_SIMD_GATHER and g.C <= GATHER_MAX_C and g.mode == MODE_BILINEAR
-                     and g.padding != PAD_REFLECTION and int32_offsets(g)
+                     and g.padding != PAD_REFLECTION and int32_offsets(g, &g.xs[1])
                      and flat_points(g.qs, g, &g.qp) and flat_points(g.gs, g, &g.op))
 
 
@@ -1133,6 +1143,21 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef acc_t d8[8]
     cdef acc_t w8[8]
     cdef int hk = g.half_kind
+    cdef gs3d_bwd_args ba
+    if store_t is float and acc_t is float:
+        if g.simd_gather:
+            ba.x, ba.A, ba.go, ba.dq = &x[n * g.xs[0]], A, &grad[n * g.gs[0] + p0 * g.op], \
+                &dq[n * g.os[0] + p0 * g.dp]
+            ba.q = &q[n * g.qs[0] + p0 * g.qp]
+            ba.sx, ba.sy, ba.sz, ba.xc = g.xs[3], g.xs[2], g.xs[1], g.xs[4]
+            ba.ax, ba.ay, ba.az, ba.ac = As[2], As[1], As[0], As[3]
+            ba.W, ba.H, ba.D, ba.C = g.W, g.H, g.D, C
+            ba.qp, ba.qc, ba.gp, ba.gc, ba.dp, ba.dc = g.qp, g.qs[4], g.op, gc, g.dp, g.os[4]
+            ba.zlo, ba.zhi = zlo, zhi
+            ba.align, ba.border = g.align, g.padding == PAD_BORDER
+            ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
+            gs3d_backward_gather_avx2(&ba, cnt)
+            return
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
     for i in range(min(cnt, <int>AHEAD)):
         # the points the in-loop prefetch (AHEAD points ahead) cannot reach
@@ -1455,6 +1480,13 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
         in_dx = dense_strides(&g.ds[1], dims, 4)
     if cl and not in_dx:
         cl = xcl.shape[0] >= g.D * g.H * g.W * g.C
+    if store_t is float:
+        if not cl:
+            # the AVX2 gather path (float32 accumulates in dx itself, strides g.ds)
+            enable_simd_gather(&g)
+            g.simd_gather = (g.simd_gather and g.C <= BWD_GATHER_MAX_C
+                             and (not want_dx or int32_offsets(&g, &g.ds[1]))
+                             and (not want_dg or flat_points(g.os, &g, &g.dp)))
     gp = &gT if cl else &g
     ntiles = (P + TILE - 1) // TILE
     A = NULL
@@ -1536,3 +1568,4 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                             grid_grad_chunk(&grad[0, 0, 0, 0, 0], xin,
                                             &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
                                             &scratch[threadid(), 0], gp, &tiles[threadid()], n, ci)
+
