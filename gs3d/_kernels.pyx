@@ -1435,23 +1435,9 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     allocate nothing.
     """
     cdef Geo g
-    cdef Geo gT
-    cdef Geo* gp
-    cdef Py_ssize_t isz = sizeof(store_t), P, n, t, chunk, nchunks, ci, z
-    cdef Py_ssize_t As[4]
-    cdef Py_ssize_t Acl[4]
-    cdef Py_ssize_t dims[4]
-    cdef Py_ssize_t* bounds
-    cdef double* cost
-    cdef Py_ssize_t* hull
-    cdef Py_ssize_t ntiles
-    cdef Tile* tiles
-    cdef acc_t* A
-    cdef const store_t* xin
-    cdef store_t* xT
-    cdef int nt
+    cdef Py_ssize_t isz = sizeof(store_t), P
+    cdef Py_ssize_t dshape[4]
     cdef bint half_acc = not (store_t is double or store_t is float)
-    cdef bint cl, in_dx, store
     init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, grad.shape, grad.strides, isz, 5)
     fill_strides(g.os, dgrid.shape, dgrid.strides, isz, 5)
@@ -1467,27 +1453,63 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
         raise ValueError("dx accumulator too small")
     if workspace.shape[0] < workspace_bytes(nthreads, g.D, P):
         raise ValueError("workspace too small")
+    dshape[0], dshape[1], dshape[2], dshape[3] = (dx_acc.shape[0], dx_acc.shape[1],
+                                                  dx_acc.shape[2], dx_acc.shape[3])
+    with nogil:
+        backward_run(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
+                     &dx[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], &dx_acc[0, 0, 0, 0], dshape,
+                     &scratch[0, 0], scratch.strides[0] // sizeof(acc_t), &workspace[0],
+                     &xcl[0], xcl.shape[0], &g, want_dx, want_dg, nthreads)
+
+
+cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, store_t* dx,
+                       store_t* dgrid, acc_t* dacc, const Py_ssize_t* dacc_shape,
+                       acc_t* scratch, Py_ssize_t srow, unsigned char* workspace, store_t* xcl,
+                       Py_ssize_t nxcl, Geo* g, bint want_dx, bint want_dg,
+                       int nthreads) noexcept nogil:
+    """The body of ``backward`` on raw pointers: ``g`` filled (with the grad_output, grid_grad,
+    input_grad and accumulator strides), sizes checked, N > 0 and a gradient wanted;
+    ``dacc`` the accumulator of shape ``dacc_shape``, ``scratch`` rows of ``srow`` values,
+    ``xcl`` of ``nxcl`` elements."""
+    cdef Geo gT
+    cdef Geo* gp
+    cdef Py_ssize_t P, n, t, nchunks, ci, z
+    cdef Py_ssize_t As[4]
+    cdef Py_ssize_t Acl[4]
+    cdef Py_ssize_t dims[4]
+    cdef Py_ssize_t* bounds
+    cdef double* cost
+    cdef Py_ssize_t* hull
+    cdef Py_ssize_t ntiles
+    cdef Tile* tiles
+    cdef acc_t* A
+    cdef const store_t* xin
+    cdef store_t* xT
+    cdef int nt
+    cdef bint half_acc = not (store_t is double or store_t is float)
+    cdef bint cl, in_dx, store
+    P = g.Do * g.Ho * g.Wo
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
-    cl = channels_last_geo(&g, &gT, Acl)
+    cl = channels_last_geo(g, &gT, Acl)
     in_dx = False
     if cl and want_dx:
         # the accumulator must be a contiguous (D, H, W, C) array
-        cl = dx_acc.shape[0] == g.D and dx_acc.shape[1] == g.H and dx_acc.shape[2] == g.W \
-            and dx_acc.shape[3] == g.C
+        cl = dacc_shape[0] == g.D and dacc_shape[1] == g.H and dacc_shape[2] == g.W \
+            and dacc_shape[3] == g.C
         for z in range(4):
             cl = cl and (dims[z] <= 1 or g.as_[z] == Acl[z])
         in_dx = dense_strides(&g.ds[1], dims, 4)
     if cl and not in_dx:
-        cl = xcl.shape[0] >= g.D * g.H * g.W * g.C
+        cl = nxcl >= g.D * g.H * g.W * g.C
     if store_t is float:
         if not cl:
             # the AVX2 gather path (float32 accumulates in dx itself, strides g.ds)
-            enable_simd_gather(&g)
+            enable_simd_gather(g)
             g.simd_gather = (g.simd_gather and g.C <= BWD_GATHER_MAX_C
-                             and (not want_dx or int32_offsets(&g, &g.ds[1]))
-                             and (not want_dg or flat_points(g.os, &g, &g.dp)))
-    gp = &gT if cl else &g
+                             and (not want_dx or int32_offsets(g, &g.ds[1]))
+                             and (not want_dg or flat_points(g.os, g, &g.dp)))
+    gp = &gT if cl else g
     ntiles = (P + TILE - 1) // TILE
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
@@ -1496,76 +1518,74 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     cost = <double*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)]
     hull = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)
                                    + g.D * sizeof(double)]
-    with nogil:
-        if want_dx and not half_acc and not cl and nthreads > 1 and g.N >= nthreads:
-            # enough batch items for every thread: each item is the serial loop on one thread
-            # (its own dx[n], all depth planes), so results are those of one thread, and no
-            # thread repeats another's tile set-up (which depth slabs do on random grids)
-            As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
-            for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
-                slab_task(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
-                          &dgrid[0, 0, 0, 0, 0], <acc_t*>&dx[n, 0, 0, 0, 0], As,
-                          &scratch[threadid(), 0], &g, &tiles[threadid()], n, 0, g.D, want_dg,
-                          &dx[0, 0, 0, 0, 0], False, NULL)
-        else:
-            for n in range(g.N):
-                xin = &inp[0, 0, 0, 0, 0]
-                if cl:
-                    # channels-last copy of input[n]: in dx[n]'s own memory (overwritten at the
-                    # end anyway) when it is one block, else in xcl
-                    xT = &dx[n, 0, 0, 0, 0] if in_dx else &xcl[0]
-                    if nthreads == 1:
-                        transpose_planes(&inp[n, 0, 0, 0, 0], &g, xT, 0, g.D)
-                    else:
-                        for z in prange(g.D, schedule='static', num_threads=nthreads):
-                            transpose_planes(&inp[n, 0, 0, 0, 0], &g, xT, z, z + 1)
-                    xin = xT
-                if want_dx:
-                    if cl:
-                        A = &dx_acc[0, 0, 0, 0]
-                        As[0], As[1], As[2], As[3] = Acl[0], Acl[1], Acl[2], Acl[3]
-                        store = not in_dx          # else after every thread is done reading xT
-                    elif half_acc:
-                        A = &dx_acc[0, 0, 0, 0]
-                        As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
-                        store = True
-                    else:
-                        A = <acc_t*>&dx[n, 0, 0, 0, 0]
-                        As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
-                        store = False
-                    nt = nthreads if nthreads < g.D else <int>g.D
-                    choose_slabs(&grid[0, 0, 0, 0, 0], gp, n, nt, bounds, cost)
-                    if nt == 1:
-                        # no OpenMP region at all: cheaper for small calls, safe in a forked child
-                        slab_task(&grad[0, 0, 0, 0, 0], xin, &grid[0, 0, 0, 0, 0],
-                                  &dgrid[0, 0, 0, 0, 0], A, As, &scratch[0, 0], gp, tiles, n,
-                                  bounds[0], bounds[1], want_dg, &dx[0, 0, 0, 0, 0], store, NULL)
-                        if cl and in_dx:
-                            store_planes(A, As, &dx[0, 0, 0, 0, 0], gp, n, 0, g.D)
-                    else:
-                        for ci in prange(ntiles, schedule='static', num_threads=nt):
-                            tile_planes(&grid[0, 0, 0, 0, 0], gp, n, ci, hull)
-                        for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
-                            slab_task(&grad[0, 0, 0, 0, 0], xin,
-                                      &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], A, As,
-                                      &scratch[threadid(), 0], gp, &tiles[threadid()], n,
-                                      bounds[t], bounds[t + 1], want_dg,
-                                      &dx[0, 0, 0, 0, 0], store, hull)
-                        if cl and in_dx:
-                            # a separate region: all reads of xT (in dx[n]) are done, and so is
-                            # the grid gradient of batch item n
-                            for z in prange(g.D, schedule='static', num_threads=nthreads):
-                                store_planes(A, As, &dx[0, 0, 0, 0, 0], gp, n, z, z + 1)
+    if want_dx and not half_acc and not cl and nthreads > 1 and g.N >= nthreads:
+        # enough batch items for every thread: each item is the serial loop on one thread
+        # (its own dx[n], all depth planes), so results are those of one thread, and no
+        # thread repeats another's tile set-up (which depth slabs do on random grids)
+        As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
+        for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
+            slab_task(grad, x, q,
+                      dgrid, <acc_t*>&dx[n * g.ds[0]], As,
+                      &scratch[threadid() * srow], g, &tiles[threadid()], n, 0, g.D, want_dg,
+                      dx, False, NULL)
+    else:
+        for n in range(g.N):
+            xin = x
+            if cl:
+                # channels-last copy of input[n]: in dx[n]'s own memory (overwritten at the
+                # end anyway) when it is one block, else in xcl
+                xT = &dx[n * g.ds[0]] if in_dx else xcl
+                if nthreads == 1:
+                    transpose_planes(&x[n * g.xs[0]], g, xT, 0, g.D)
                 else:
-                    nchunks = (P + TILE - 1) // TILE
-                    if nthreads == 1:
-                        for ci in range(nchunks):
-                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], xin,
-                                            &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
-                                            &scratch[0, 0], gp, tiles, n, ci)
-                    else:
-                        for ci in prange(nchunks, schedule='static', num_threads=nthreads):
-                            grid_grad_chunk(&grad[0, 0, 0, 0, 0], xin,
-                                            &grid[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0],
-                                            &scratch[threadid(), 0], gp, &tiles[threadid()], n, ci)
-
+                    for z in prange(g.D, schedule='static', num_threads=nthreads):
+                        transpose_planes(&x[n * g.xs[0]], g, xT, z, z + 1)
+                xin = xT
+            if want_dx:
+                if cl:
+                    A = dacc
+                    As[0], As[1], As[2], As[3] = Acl[0], Acl[1], Acl[2], Acl[3]
+                    store = not in_dx          # else after every thread is done reading xT
+                elif half_acc:
+                    A = dacc
+                    As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
+                    store = True
+                else:
+                    A = <acc_t*>&dx[n * g.ds[0]]
+                    As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
+                    store = False
+                nt = nthreads if nthreads < g.D else <int>g.D
+                choose_slabs(q, gp, n, nt, bounds, cost)
+                if nt == 1:
+                    # no OpenMP region at all: cheaper for small calls, safe in a forked child
+                    slab_task(grad, xin, q,
+                              dgrid, A, As, scratch, gp, tiles, n,
+                              bounds[0], bounds[1], want_dg, dx, store, NULL)
+                    if cl and in_dx:
+                        store_planes(A, As, dx, gp, n, 0, g.D)
+                else:
+                    for ci in prange(ntiles, schedule='static', num_threads=nt):
+                        tile_planes(q, gp, n, ci, hull)
+                    for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
+                        slab_task(grad, xin,
+                                  q, dgrid, A, As,
+                                  &scratch[threadid() * srow], gp, &tiles[threadid()], n,
+                                  bounds[t], bounds[t + 1], want_dg,
+                                  dx, store, hull)
+                    if cl and in_dx:
+                        # a separate region: all reads of xT (in dx[n]) are done, and so is
+                        # the grid gradient of batch item n
+                        for z in prange(g.D, schedule='static', num_threads=nthreads):
+                            store_planes(A, As, dx, gp, n, z, z + 1)
+            else:
+                nchunks = (P + TILE - 1) // TILE
+                if nthreads == 1:
+                    for ci in range(nchunks):
+                        grid_grad_chunk(grad, xin,
+                                        q, dgrid,
+                                        scratch, gp, tiles, n, ci)
+                else:
+                    for ci in prange(nchunks, schedule='static', num_threads=nthreads):
+                        grid_grad_chunk(grad, xin,
+                                        q, dgrid,
+                                        &scratch[threadid() * srow], gp, &tiles[threadid()], n, ci)
