@@ -44,11 +44,6 @@ __all__ = [
 _WORK_PER_THREAD = 32768
 
 _HALF_KIND = {"f2": 0, "bf16": 1}
-# the kernel specialisation (storage type | compute type) of each dtype kind, looked up once
-# instead of by Cython's per-call fused-type dispatch
-_SIGNATURE = {"f8": "double|double", "f4": "float|float", "f2": "unsigned short|float",
-              "bf16": "unsigned short|float"}
-_BACKWARD = {k: getattr(_kernels.backward, "__signatures__")[v] for k, v in _SIGNATURE.items()}
 
 # --------------------------------------------------------------------------------------------
 # deterministic mode (the CANN switch is global; gs3d adds a context manager and a per-call flag)
@@ -108,7 +103,7 @@ class _Resources:
 
     __slots__ = ("pb", "kind", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "half", "perm", "mode", "padding", "align", "out_empty",
-                 "in_empty", "home", "plain_align", "cl", "xcl", "runner")
+                 "in_empty", "home", "plain_align", "cl", "xcl", "runner", "brunner")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
         acc = _compute_dtype(pb.kind)
@@ -151,6 +146,7 @@ class _Resources:
         dt = np.dtype(np.uint16 if self.half else acc)
         self.plain_align = dt.alignment == dt.itemsize
         self.runner: Any = None     # the forward's _kernels.ForwardRunner, bound on first use
+        self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
 
 
 def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple) -> None:
@@ -160,6 +156,20 @@ def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple
                 (pb.N, *pb.out_spatial, 3), out_shape, pb.channels_last, res.scratch,
                 res.workspace, res.xcl, res.mode, res.padding, res.align, res.half_kind, res.nt)
     res.runner = runner
+
+
+def _bind_backward_runner(res: _Resources, dtype: np.dtype, want_dx: bool,
+                          want_dg: bool) -> Any:
+    """A ``_kernels.BackwardRunner`` bound to the problem, output mask and scratch of ``res``."""
+    pb = res.pb
+    runner = _kernels.BackwardRunner()
+    runner.bind(dtype, volume_shape(pb.N, pb.C, pb.out_spatial, pb.channels_last),
+                volume_shape(pb.N, pb.C, pb.in_spatial, pb.channels_last),
+                (pb.N, *pb.out_spatial, 3), pb.channels_last, want_dx, want_dg, res.dx_acc,
+                res.scratch, res.workspace, res.xcl, res.dummy_dx, res.dummy_dg, res.mode,
+                res.padding, res.align, res.half_kind, res.nt)
+    res.brunner = runner
+    return runner
 
 
 # GNU OpenMP cannot start a parallel region in a child forked after the parent used threads
@@ -523,24 +533,15 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
         x = kernel_ready(x)
     if not (pa and q.flags.aligned):
         q = kernel_ready(q)
-    dxv: Any = dx_k if want_dx else res.dummy_dx
-    dgv: Any = dg_k if want_dg else res.dummy_dg
-    if res.half:
-        g, x, q = g.view(np.uint16), x.view(np.uint16), q.view(np.uint16)
-        if want_dx:
-            dxv = dxv.view(np.uint16)
-        if want_dg:
-            dgv = dgv.view(np.uint16)
-    perm = res.perm
-    if perm is not None:
-        g, x = g.transpose(perm), x.transpose(perm)
-        if want_dx:
-            dxv = dxv.transpose(perm)
+    runner = res.brunner
+    if runner is None:
+        runner = _bind_backward_runner(res, x.dtype, want_dx, want_dg)
     if res.cl and dx_k is not None and res.xcl.size == 1 and not dx_k.flags.c_contiguous:
         # the channels-last input copy cannot live in this input_grad: a buffer for it, once
         res.xcl = np.empty(res.dx_acc.size, dtype=res.xcl.dtype)
-    _BACKWARD[res.kind](g, x, q, dxv, dgv, res.dx_acc, res.scratch, res.workspace, res.mode,
-                        res.padding, res.align, res.half_kind, want_dx, want_dg, res.nt, res.xcl)
+        runner.set_xcl(res.xcl)
+    # the runner takes the arrays in the caller's layout and storage type (no views to make)
+    runner.run(g, x, q, dx_k, dg_k)
     if dx is not None and dx_k is not dx:
         dx[...] = dx_k
     if dg is not None and dg_k is not dg:

@@ -31,7 +31,10 @@ def backward(
 ) -> None: ...
 
 @disjoint_base     # an extension type: its instance layout is its own
-class ForwardRunner:
+class _Locked: ...
+
+@disjoint_base
+class ForwardRunner(_Locked):
     def bind(
         self, dtype: np.dtype[Any], input_shape: Tuple[int, ...], grid_shape: Tuple[int, ...],
         output_shape: Tuple[int, ...], channels_last: bool, scratch: _Acc,
@@ -43,3 +46,18 @@ class ForwardRunner:
         self, input: npt.NDArray[Any], grid: npt.NDArray[Any], *,
         out: Optional[npt.NDArray[Any]] = None,
     ) -> npt.NDArray[Any]: ...
+
+@disjoint_base
+class BackwardRunner(_Locked):
+    def bind(
+        self, dtype: np.dtype[Any], grad_output_shape: Tuple[int, ...],
+        input_shape: Tuple[int, ...], grid_shape: Tuple[int, ...], channels_last: bool,
+        want_dx: bool, want_dg: bool, dx_acc: _Acc, scratch: _Acc,
+        workspace: npt.NDArray[np.uint8], xcl: _Store, dummy_dx: _Store, dummy_dg: _Store,
+        mode: int, padding: int, align: bool, half_kind: int, nthreads: int,
+    ) -> None: ...
+    def set_xcl(self, xcl: _Store) -> None: ...
+    def run(
+        self, go: npt.NDArray[Any], x: npt.NDArray[Any], q: npt.NDArray[Any],
+        dx: Optional[npt.NDArray[Any]], dg: Optional[npt.NDArray[Any]],
+    ) -> None: ...

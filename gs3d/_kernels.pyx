@@ -851,8 +851,41 @@ cdef bint fits(cnp.ndarray a, const Py_ssize_t* shape, Py_ssize_t isz) noexcept:
     return True
 
 
+cdef void ndhwc_dims(cnp.ndarray a, bint perm, Py_ssize_t* sh, Py_ssize_t* st) noexcept:
+    """Shape and byte strides of the 5-D ``a`` with its axes in the kernels' N, D, H, W, C
+    order (``perm``: ``a`` is N, C, D, H, W)."""
+    cdef cnp.npy_intp* d = cnp.PyArray_DIMS(a)
+    cdef cnp.npy_intp* s = cnp.PyArray_STRIDES(a)
+    cdef int k, j
+    for k in range(5):
+        j = TO_NDHWC[k] if perm else k
+        sh[k] = d[j]
+        st[k] = s[j]
+
+
+@cython.auto_pickle(False)
+cdef class _Locked:
+    """A lock for the runners below: calls on one runner share its scratch."""
+    cdef PyThread_type_lock lock
+
+    def __cinit__(self, *args, **kwargs):
+        self.lock = PyThread_allocate_lock()
+        if self.lock == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        if self.lock != NULL:
+            PyThread_free_lock(self.lock)
+
+    cdef void acquire(self) noexcept:
+        """Take the lock, waiting without the GIL if another thread holds it."""
+        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
+            with nogil:
+                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+
+
 @cython.auto_pickle(False)     # raw pointers into its scratch; plans were never picklable
-cdef class ForwardRunner:
+cdef class ForwardRunner(_Locked):
     """The forward of one validated problem on its own scratch, entered with a few C checks.
 
     gs3d._api binds it once (``bind``) to the shapes, dtype, options and scratch arrays of a
@@ -875,16 +908,6 @@ cdef class ForwardRunner:
     cdef Py_ssize_t in_shape[5]
     cdef Py_ssize_t grid_shape[5]
     cdef Py_ssize_t out_shape[5]
-    cdef PyThread_type_lock lock
-
-    def __cinit__(self, *args, **kwargs):
-        self.lock = PyThread_allocate_lock()
-        if self.lock == NULL:
-            raise MemoryError()
-
-    def __dealloc__(self):
-        if self.lock != NULL:
-            PyThread_free_lock(self.lock)
 
     def bind(self, cnp.dtype dtype, tuple input_shape, tuple grid_shape, tuple output_shape,
              bint channels_last, cnp.ndarray scratch, cnp.ndarray workspace, cnp.ndarray xcl,
@@ -935,31 +958,18 @@ cdef class ForwardRunner:
         cdef Py_ssize_t xst[5]
         cdef Py_ssize_t osh[5]
         cdef Py_ssize_t ost[5]
-        cdef cnp.npy_intp* d
-        cdef cnp.npy_intp* s
-        cdef Py_ssize_t k, j
         cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
         cdef const char* qp = <const char*>cnp.PyArray_DATA(q)
         cdef char* op = <char*>cnp.PyArray_DATA(out)
-        d, s = cnp.PyArray_DIMS(x), cnp.PyArray_STRIDES(x)
-        for k in range(5):
-            j = TO_NDHWC[k] if self.channels_first else k
-            xsh[k] = d[j]
-            xst[k] = s[j]
-        d, s = cnp.PyArray_DIMS(out), cnp.PyArray_STRIDES(out)
-        for k in range(5):
-            j = TO_NDHWC[k] if self.channels_first else k
-            osh[k] = d[j]
-            ost[k] = s[j]
+        ndhwc_dims(x, self.channels_first, xsh, xst)
+        ndhwc_dims(out, self.channels_first, osh, ost)
         init_geo_raw(&g, xsh, xst, <Py_ssize_t*>cnp.PyArray_DIMS(q),
                      <Py_ssize_t*>cnp.PyArray_STRIDES(q), self.isz,
                      self.mode, self.padding, self.align, self.half_kind)
         fill_strides(g.gs, osh, ost, self.isz, 5)
         if g.N * g.Do * g.Ho * g.Wo == 0 or g.C == 0:
             return 0
-        if not PyThread_acquire_lock(self.lock, NOWAIT_LOCK):
-            with nogil:
-                PyThread_acquire_lock(self.lock, WAIT_LOCK)
+        self.acquire()
         with nogil:
             if self.kind == 0:
                 forward_run(<const double*>xp, <const double*>qp, <double*>op,
@@ -1589,3 +1599,185 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                         grid_grad_chunk(grad, xin,
                                         q, dgrid,
                                         &scratch[threadid() * srow], gp, &tiles[threadid()], n, ci)
+
+
+@cython.auto_pickle(False)     # raw pointers into its scratch; plans were never picklable
+cdef class BackwardRunner(_Locked):
+    """The backward of one validated problem on its own scratch, entered with a few C checks
+    (the counterpart of ForwardRunner): gs3d._api binds it once (``bind``) to the shapes,
+    dtype, options, output mask and scratch arrays of a validated problem; ``run`` then takes
+    ndarrays in the caller's layout and storage type without acquiring typed memoryviews.
+    Calls on one runner are serialised by its lock; the kernel runs without the GIL."""
+    cdef object scratch, workspace, xcl, dacc, dummy_dx, dummy_dg, dtype
+    cdef int kind               # 0: double, 1: float, 2: unsigned short (16-bit formats)
+    cdef int nthreads, mode, padding, half_kind
+    cdef bint align, channels_first, bound, want_dx, want_dg
+    cdef Py_ssize_t isz, srow, nxcl, ws_bytes
+    cdef char* scratch_p
+    cdef char* xcl_p
+    cdef char* dacc_p
+    cdef unsigned char* ws
+    cdef Py_ssize_t dacc_shape[4]
+    cdef Py_ssize_t dacc_strides[4]
+    cdef Py_ssize_t go_shape[5]
+    cdef Py_ssize_t in_shape[5]
+    cdef Py_ssize_t grid_shape[5]
+
+    def bind(self, cnp.dtype dtype, tuple grad_output_shape, tuple input_shape,
+             tuple grid_shape, bint channels_last, bint want_dx, bint want_dg,
+             cnp.ndarray dx_acc, cnp.ndarray scratch, cnp.ndarray workspace, cnp.ndarray xcl,
+             cnp.ndarray dummy_dx, cnp.ndarray dummy_dg, int mode, int padding, bint align,
+             int half_kind, int nthreads):
+        """Fix the problem (shapes in the caller's layout, already validated), the output mask
+        and the scratch: ``dx_acc`` (D, H, W, C) of the compute type (or (1, 1, 1, 1) when no
+        accumulator is needed), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
+        uint8, ``xcl`` the channels-last input copy (or a dummy), and one-element 5-D dummies
+        of the storage type for the gradients not wanted.  Once only."""
+        cdef Py_ssize_t k, C, D, H, W, P, item
+        if self.bound:
+            raise ValueError("the runner is already bound")
+        if (len(grad_output_shape) != 5 or len(input_shape) != 5 or len(grid_shape) != 5
+                or nthreads < 1):
+            raise ValueError("a bound problem has 5-D shapes and at least one thread")
+        for k in range(5):
+            self.go_shape[k] = grad_output_shape[k]
+            self.in_shape[k] = input_shape[k]
+            self.grid_shape[k] = grid_shape[k]
+        if channels_last:
+            D, H, W, C = self.in_shape[1], self.in_shape[2], self.in_shape[3], self.in_shape[4]
+        else:
+            C, D, H, W = self.in_shape[1], self.in_shape[2], self.in_shape[3], self.in_shape[4]
+        P = self.grid_shape[1] * self.grid_shape[2] * self.grid_shape[3]
+        self.isz = dtype.itemsize
+        self.kind = {8: 0, 4: 1, 2: 2}[self.isz]
+        acc = np.float64 if self.kind == 0 else np.float32
+        store = np.uint16 if self.kind == 2 else acc
+        for arr, want in ((scratch, acc), (workspace, np.uint8), (xcl, store), (dx_acc, acc),
+                          (dummy_dx, store), (dummy_dg, store)):
+            if not (arr.flags.writeable and arr.flags.aligned and arr.size > 0
+                    and arr.dtype.itemsize == np.dtype(want).itemsize
+                    and (arr is dx_acc or arr.flags.c_contiguous)):
+                raise ValueError("scratch arrays must be aligned, writeable, non-empty and of "
+                                 "the item size of their type (all but dx_acc C-contiguous)")
+        if (scratch.ndim != 2 or scratch.dtype != acc or scratch.shape[0] < nthreads
+                or scratch.shape[1] < C + SCRATCH_EXTRA):
+            raise ValueError("scratch too small")
+        if workspace.size < workspace_bytes(nthreads, D, P):
+            raise ValueError("workspace too small")
+        if dx_acc.ndim != 4 or dummy_dx.ndim != 5 or dummy_dg.ndim != 5 or dummy_dg.shape[4] != 3:
+            raise ValueError("dx_acc is 4-D, the dummies 5-D")
+        if want_dx and self.kind == 2 and (dx_acc.shape[0] < D or dx_acc.shape[1] < H
+                                           or dx_acc.shape[2] < W or dx_acc.shape[3] < C):
+            raise ValueError("dx accumulator too small")
+        for k in range(4):
+            self.dacc_shape[k] = dx_acc.shape[k]
+            item = dx_acc.strides[k]
+            if item % dx_acc.itemsize:
+                raise ValueError("dx_acc strides must be multiples of its item size")
+        fill_strides(self.dacc_strides, <Py_ssize_t*>cnp.PyArray_DIMS(dx_acc),
+                     <Py_ssize_t*>cnp.PyArray_STRIDES(dx_acc), dx_acc.itemsize, 4)
+        self.dtype, self.scratch, self.workspace, self.dacc = dtype, scratch, workspace, dx_acc
+        self.dummy_dx, self.dummy_dg = dummy_dx, dummy_dg
+        self.channels_first = not channels_last
+        self.want_dx, self.want_dg = want_dx, want_dg
+        self.srow = scratch.shape[1]
+        self.scratch_p = <char*>cnp.PyArray_DATA(scratch)
+        self.ws = <unsigned char*>cnp.PyArray_DATA(workspace)
+        self.dacc_p = <char*>cnp.PyArray_DATA(dx_acc)
+        self.mode, self.padding, self.align, self.half_kind = mode, padding, align, half_kind
+        self.nthreads = nthreads
+        self.set_xcl(xcl)
+        self.bound = True
+
+    def set_xcl(self, cnp.ndarray xcl):
+        """Replace the channels-last input copy buffer (C-contiguous, of the storage type)."""
+        if not (xcl.flags.c_contiguous and xcl.flags.writeable and xcl.flags.aligned
+                and xcl.size > 0 and xcl.dtype.itemsize == self.isz):
+            raise ValueError("xcl must be aligned, writeable, C-contiguous, non-empty and of "
+                             "the storage type's item size")
+        self.acquire()
+        self.xcl, self.xcl_p, self.nxcl = xcl, <char*>cnp.PyArray_DATA(xcl), xcl.size
+        PyThread_release_lock(self.lock)
+
+    cdef int launch(self, cnp.ndarray go, cnp.ndarray x, cnp.ndarray q, cnp.ndarray dx,
+                    cnp.ndarray dg) except -1:
+        """The kernel on arrays already checked against the bound problem."""
+        cdef Geo g
+        cdef Py_ssize_t sh[5]
+        cdef Py_ssize_t st[5]
+        cdef Py_ssize_t k
+        cdef const char* gop = <const char*>cnp.PyArray_DATA(go)
+        cdef const char* xp = <const char*>cnp.PyArray_DATA(x)
+        cdef const char* qp = <const char*>cnp.PyArray_DATA(q)
+        cdef char* dxp = <char*>cnp.PyArray_DATA(dx)
+        cdef char* dgp = <char*>cnp.PyArray_DATA(dg)
+        cdef bint perm = self.channels_first
+        ndhwc_dims(x, perm, sh, st)
+        init_geo_raw(&g, sh, st, <Py_ssize_t*>cnp.PyArray_DIMS(q),
+                     <Py_ssize_t*>cnp.PyArray_STRIDES(q), self.isz,
+                     self.mode, self.padding, self.align, self.half_kind)
+        ndhwc_dims(go, perm, sh, st)
+        fill_strides(g.gs, sh, st, self.isz, 5)
+        ndhwc_dims(dx, perm and self.want_dx, sh, st)
+        fill_strides(g.ds, sh, st, self.isz, 5)
+        fill_strides(g.os, <Py_ssize_t*>cnp.PyArray_DIMS(dg),
+                     <Py_ssize_t*>cnp.PyArray_STRIDES(dg), self.isz, 5)
+        for k in range(4):
+            g.as_[k] = self.dacc_strides[k]
+        if g.N == 0 or not (self.want_dx or self.want_dg):
+            return 0
+        self.acquire()
+        with nogil:
+            if self.kind == 0:
+                backward_run(<const double*>gop, <const double*>xp, <const double*>qp,
+                             <double*>dxp, <double*>dgp, <double*>self.dacc_p, self.dacc_shape,
+                             <double*>self.scratch_p, self.srow, self.ws,
+                             <double*>self.xcl_p, self.nxcl, &g, self.want_dx, self.want_dg,
+                             self.nthreads)
+            elif self.kind == 1:
+                backward_run(<const float*>gop, <const float*>xp, <const float*>qp,
+                             <float*>dxp, <float*>dgp, <float*>self.dacc_p, self.dacc_shape,
+                             <float*>self.scratch_p, self.srow, self.ws,
+                             <float*>self.xcl_p, self.nxcl, &g, self.want_dx, self.want_dg,
+                             self.nthreads)
+            else:
+                backward_run(<const unsigned short*>gop, <const unsigned short*>xp,
+                             <const unsigned short*>qp, <unsigned short*>dxp,
+                             <unsigned short*>dgp, <float*>self.dacc_p, self.dacc_shape,
+                             <float*>self.scratch_p, self.srow, self.ws,
+                             <unsigned short*>self.xcl_p, self.nxcl, &g, self.want_dx,
+                             self.want_dg, self.nthreads)
+            PyThread_release_lock(self.lock)
+        return 0
+
+    def run(self, go, x, q, dx, dg):
+        """The gradients for ``grad_output`` ``go``, input ``x`` and grid ``q`` into ``dx``
+        and ``dg`` (ndarrays in the caller's layout; None for a gradient not wanted).
+
+        The caller has done the full checks; repeated here, as the condition of entering the
+        kernel, are those that memory safety rests on: bound, the bound shapes and dtype,
+        aligned arrays with item-multiple strides, writeable outputs.  Overlap is the
+        caller's."""
+        if not (self.bound and cnp.PyArray_Check(go) and cnp.PyArray_Check(x)
+                and cnp.PyArray_Check(q)):
+            raise ValueError("backward runner: not bound, or inputs not ndarrays")
+        if dx is None or not self.want_dx:
+            dx = self.dummy_dx
+        if dg is None or not self.want_dg:
+            dg = self.dummy_dg
+        if not (cnp.PyArray_Check(dx) and cnp.PyArray_Check(dg)):
+            raise ValueError("backward runner: outputs must be ndarrays")
+        if not (fits(go, self.go_shape, self.isz) and fits(x, self.in_shape, self.isz)
+                and fits(q, self.grid_shape, self.isz)
+                and (dx is self.dummy_dx or fits(dx, self.in_shape, self.isz))
+                and (dg is self.dummy_dg or fits(dg, self.grid_shape, self.isz))):
+            raise ValueError("backward runner: arrays must have the bound shapes, be aligned "
+                             "and have item-multiple strides")
+        for a in (go, x, q, dx, dg):
+            if not (cnp.PyArray_EquivTypes(a.dtype, self.dtype) or a is self.dummy_dx
+                    or a is self.dummy_dg):
+                raise ValueError("backward runner: arrays must have the bound dtype")
+        if not (cnp.PyArray_FLAGS(dx) & cnp.PyArray_FLAGS(dg) & cnp.NPY_ARRAY_WRITEABLE):
+            raise ValueError("backward runner: an output is read-only")
+        self.launch(go, x, q, dx, dg)
+

@@ -1,6 +1,7 @@
 """Type stub of gs3d/_kernels_avx2.pyx: the same functions as gs3d/_kernels.pyx."""
 from ._kernels import (
     SCRATCH_EXTRA as SCRATCH_EXTRA,
+    BackwardRunner as BackwardRunner,
     ForwardRunner as ForwardRunner,
     backward as backward,
     channels_last_pays as channels_last_pays,

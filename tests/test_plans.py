@@ -113,6 +113,44 @@ def test_forward_plan_fast_path_hands_doubtful_arrays_to_the_full_checks():
             plan(xi, q)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_backward_runner_matches_memoryview_entry_and_guards_memory(dtype, layout):
+    """The bound BackwardRunner (what the API calls) and the typed-memoryview ``backward``
+    entry give the same bits; the runner refuses arrays of other shapes, dtypes or
+    alignment and read-only outputs, writing nothing."""
+    from gs3d import _api
+    from gs3d._validation import check_problem
+    g, x, q = _case(np.random.default_rng(8), dtype, layout)
+    pb = check_problem(x, q, g, "bilinear", "border", False, layout)
+    res = _api._Resources(pb, 2, True)
+    runner = _api._bind_backward_runner(res, x.dtype, True, True)
+    dx, dg = np.full(x.shape, 9, x.dtype), np.full(q.shape, 9, q.dtype)
+    runner.run(g, x, q, dx, dg)
+    half = x.dtype.itemsize == 2
+    st = (lambda a: a.view(np.uint16)) if half else (lambda a: a)
+    perm = (lambda a: a) if layout == "NDHWC" else (lambda a: a.transpose(0, 2, 3, 4, 1))
+    dx2, dg2 = np.full(x.shape, 7, x.dtype), np.full(q.shape, 7, q.dtype)
+    _api._kernels.backward(perm(st(g)), perm(st(x)), st(q), perm(st(dx2)), st(dg2), res.dx_acc,
+                           res.scratch, res.workspace, 0, 1, False, res.half_kind, True, True,
+                           2, res.xcl)
+    assert np.array_equal(st(dx), st(dx2)) and np.array_equal(st(dg), st(dg2))
+    want = gs3d.grid_sample_3d_backward(g, x, q, padding_mode="border", layout=layout,
+                                        num_threads=2)
+    assert np.array_equal(st(dx), st(want[0])) and np.array_equal(st(dg), st(want[1]))
+    readonly = np.full(q.shape, 5, q.dtype)
+    readonly.flags.writeable = False
+    raw = np.zeros(x.nbytes + 1, np.uint8)[1:].view(x.dtype).reshape(x.shape)
+    bad = [(g[:1], x, q, dx, dg), (g, x, q[..., :2], dx, dg), (g, x.astype(">" + x.dtype.str[1:]
+           if not half else np.float32), q, dx, dg), (g, x, q, raw, dg), (g, x, q, dx, readonly),
+           (g, x, q, dx, dg.tolist())]
+    for args in bad:
+        out = np.full(x.shape, 3, x.dtype)
+        with pytest.raises(ValueError, match="backward runner"):
+            runner.run(*(out if a is dx else a for a in args))
+        assert np.all(out == 3) and np.all(readonly == 5)
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
 def test_deterministic_bitwise_across_threads(mode, dtype):
@@ -162,16 +200,15 @@ def _kernel_modules():
 
 def _run_with(module, fn):
     """fn() with gs3d's kernels taken from ``module`` (the call cache is cleared on both sides:
-    its scratch sets hold forward runners of the module that made them)."""
+    its scratch sets hold runners of the module that made them)."""
     from gs3d import _api
-    saved = (_api._kernels, _api._BACKWARD)
+    saved = _api._kernels
     _api.clear_call_cache()
     _api._kernels = module
-    _api._BACKWARD = {k: module.backward.__signatures__[v] for k, v in _api._SIGNATURE.items()}
     try:
         return fn()
     finally:
-        _api._kernels, _api._BACKWARD = saved
+        _api._kernels = saved
         _api.clear_call_cache()
 
 
