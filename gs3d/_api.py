@@ -190,15 +190,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def _threads(num_threads: Any, work: int) -> int:
-    """Threads for a call: an explicit ``num_threads`` is used as given; the default (OpenMP's
-    count) is reduced for small calls, where threads cost more than they bring; a forked child
-    always runs on one thread (see above)."""
+    """Threads for a call: at most ``num_threads`` (OpenMP's count when None), and fewer for
+    small calls, where starting threads costs more than they bring (one per _WORK_PER_THREAD
+    point-channels); a forked child always runs on one thread (see above)."""
     threads = parse_num_threads(num_threads, 1 if _forked_child else _kernels.max_threads())
     if _forked_child:
         return 1
-    if num_threads is None:
-        threads = max(1, min(threads, work // _WORK_PER_THREAD))
-    return threads
+    return max(1, min(threads, work // _WORK_PER_THREAD))
 
 
 # --------------------------------------------------------------------------------------------
@@ -239,10 +237,10 @@ class _Call:
         """Idle scratch for this call's thread count, or new scratch.  Give it back with
         ``_release``.  The count is ``_threads(num_threads, work)`` without re-parsing:
         OpenMP's default is read on each call."""
-        if _forked_child or self.cap == 1 and self.fixed_nt is None:
+        if _forked_child or self.cap == 1:
             nt = 1
         elif self.fixed_nt is not None:
-            nt = self.fixed_nt
+            nt = min(self.fixed_nt, self.cap)
         else:
             nt = max(1, min(_kernels.max_threads(), MAX_THREADS, self.cap))
         pool_nt, free = self.pool
@@ -311,7 +309,8 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
     layout : {"NCDHW", "NDHWC"}
         Axis order of ``input`` and of the result.
     num_threads : int or None
-        Cap on OpenMP threads; None uses the OpenMP default (``OMP_NUM_THREADS``, threadpoolctl).
+        Cap on OpenMP threads (small calls use fewer); None uses the OpenMP default
+        (``OMP_NUM_THREADS``, threadpoolctl).
     out : ndarray, optional
         Buffer for the result, shape (N, C, D_out, H_out, W_out) (or channels-last), same dtype.
 

@@ -40,3 +40,16 @@ def rel_err(got, want):
         return 0.0
     scale = max(np.abs(want[fin]).max(), np.finfo(np.float64).tiny)
     return float(np.abs(got[fin] - want[fin]).max() / scale)
+
+
+@pytest.fixture(autouse=True)
+def _requested_threads_on_small_shapes(monkeypatch):
+    """gs3d runs small calls on fewer threads than requested (one per _WORK_PER_THREAD
+    point-channels); the tests' shapes are small, so here every point-channel counts as a
+    thread's worth and calls get the threads they ask for (test_small_calls_use_fewer_threads
+    checks the real rule)."""
+    from gs3d import _api
+    monkeypatch.setattr(_api, "_WORK_PER_THREAD", 1)
+    _api.clear_call_cache()
+    yield
+    _api.clear_call_cache()

@@ -192,6 +192,22 @@ def test_cached_thread_count_follows_the_rules(num_threads, size, monkeypatch):
     assert call.acquire().nt == 1 == _api._threads(num_threads, work)
 
 
+@pytest.mark.parametrize("num_threads", [None, 2, 4])
+def test_small_calls_use_fewer_threads(num_threads, monkeypatch):
+    """At most ``num_threads`` threads, and one per _WORK_PER_THREAD point-channels: the
+    worked example runs on one thread whatever is asked, a large call on what is asked."""
+    monkeypatch.setattr(_api, "_WORK_PER_THREAD", 32768)
+    monkeypatch.setattr(_api._kernels, "max_threads", lambda: 4)
+    x = np.zeros((1, 8, 4, 4, 4), np.float32)
+    for size, want in (((1, 1, 2, 2, 3), 1), ((1, 32, 32, 32, 3), num_threads or 4)):
+        q = np.zeros(size, np.float32)
+        pb = gs3d._validation.check_problem(x, q, None, "bilinear", "zeros", False, "NCDHW")
+        work = int(np.prod(size[:4])) * 8
+        assert _api._threads(num_threads, work) == want
+        assert _api._Call(pb, (), num_threads).acquire().nt == want
+    assert _api._threads(3, 2 * 32768) == 2
+
+
 def test_plan_quick_checks_keep_the_errors():
     g, x, q = _case(np.random.default_rng(6))
     plan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype)
