@@ -34,7 +34,14 @@ cdef extern from *:
     #else
     #define GS3D_ALWAYS_INLINE static inline
     #endif
-    #if defined(__GNUC__) || defined(__clang__)
+    /* Prefetch hints.  On x86 they are volatile asm: gcc deems __builtin_prefetch free of side
+       effects, so a helper made only of prefetches counts as a pure function and its calls are
+       deleted as dead code (gcc 12 -O1 and up dropped every prefetch of these kernels that
+       way).  prefetcht0 for writes too: PREFETCHW is not in the x86-64 baseline. */
+    #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+    #define gs3d_prefetch(p) __asm__ __volatile__("prefetcht0 %0" : : "m"(*(const char*)(p)))
+    #define gs3d_prefetch_w(p) gs3d_prefetch(p)
+    #elif defined(__GNUC__) || defined(__clang__)
     #define gs3d_prefetch(p) __builtin_prefetch((const void*)(p))
     #define gs3d_prefetch_w(p) __builtin_prefetch((const void*)(p), 1)
     #else
@@ -262,10 +269,10 @@ cdef extern from *:
         for (l = 0; l < 8; l++) {
             if ((lanes >> l) & 1) {
                 const char* c0 = (const char*)v + 4 * (Py_ssize_t)bo[l];
-                _mm_prefetch(c0, _MM_HINT_T0);
-                _mm_prefetch(c0 + 4 * sy, _MM_HINT_T0);
-                _mm_prefetch(c0 + 4 * sz, _MM_HINT_T0);
-                _mm_prefetch(c0 + 4 * (sy + sz), _MM_HINT_T0);
+                gs3d_prefetch(c0);
+                gs3d_prefetch(c0 + 4 * sy);
+                gs3d_prefetch(c0 + 4 * sz);
+                gs3d_prefetch(c0 + 4 * (sy + sz));
             }
         }
     }
