@@ -216,7 +216,7 @@ cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssiz
         g.as_[k] = 0
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
     g.simd_gather = False
-    g.qp = g.op = 0
+    g.qp = g.op = g.dp = 0
 
 
 cdef bint flat_points(const Py_ssize_t* s, Geo* g, Py_ssize_t* step) noexcept nogil:
@@ -1664,8 +1664,9 @@ cdef class BackwardRunner(_Locked):
             raise ValueError("scratch too small")
         if workspace.size < workspace_bytes(nthreads, D, P):
             raise ValueError("workspace too small")
-        if dx_acc.ndim != 4 or dummy_dx.ndim != 5 or dummy_dg.ndim != 5 or dummy_dg.shape[4] != 3:
-            raise ValueError("dx_acc is 4-D, the dummies 5-D")
+        if (dx_acc.ndim != 4 or (<object>dummy_dx).shape != (1,) * 5
+                or (<object>dummy_dg).shape != (1, 1, 1, 1, 3)):
+            raise ValueError("dx_acc is 4-D, the dummies (1, 1, 1, 1, 1) and (1, 1, 1, 1, 3)")
         if want_dx and self.kind == 2 and (dx_acc.shape[0] < D or dx_acc.shape[1] < H
                                            or dx_acc.shape[2] < W or dx_acc.shape[3] < C):
             raise ValueError("dx accumulator too small")
@@ -1752,7 +1753,8 @@ cdef class BackwardRunner(_Locked):
 
     def run(self, go, x, q, dx, dg):
         """The gradients for ``grad_output`` ``go``, input ``x`` and grid ``q`` into ``dx``
-        and ``dg`` (ndarrays in the caller's layout; None for a gradient not wanted).
+        and ``dg`` (ndarrays in the caller's layout; ignored, and may be None, for a gradient
+        the runner was not bound to compute).
 
         The caller has done the full checks; repeated here, as the condition of entering the
         kernel, are those that memory safety rests on: bound, the bound shapes and dtype,
@@ -1761,9 +1763,11 @@ cdef class BackwardRunner(_Locked):
         if not (self.bound and cnp.PyArray_Check(go) and cnp.PyArray_Check(x)
                 and cnp.PyArray_Check(q)):
             raise ValueError("backward runner: not bound, or inputs not ndarrays")
-        if dx is None or not self.want_dx:
+        if (dx is None and self.want_dx) or (dg is None and self.want_dg):
+            raise ValueError("backward runner: a wanted gradient has no output array")
+        if not self.want_dx:
             dx = self.dummy_dx
-        if dg is None or not self.want_dg:
+        if not self.want_dg:
             dg = self.dummy_dg
         if not (cnp.PyArray_Check(dx) and cnp.PyArray_Check(dg)):
             raise ValueError("backward runner: outputs must be ndarrays")

@@ -46,8 +46,9 @@ def rel_err(got, want):
 def _requested_threads_on_small_shapes(monkeypatch):
     """gs3d runs small calls on fewer threads than requested (one per _WORK_PER_THREAD
     point-channels); the tests' shapes are small, so here every point-channel counts as a
-    thread's worth and calls get the threads they ask for (test_small_calls_use_fewer_threads
-    checks the real rule)."""
+    thread's worth and calls get the threads they ask for, up to one per point-channel
+    (test_small_calls_use_fewer_threads checks the real rule; scripts run in subprocesses set
+    the same value themselves)."""
     from gs3d import _api
     monkeypatch.setattr(_api, "_WORK_PER_THREAD", 1)
     _api.clear_call_cache()

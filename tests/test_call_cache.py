@@ -179,7 +179,8 @@ def test_threads_through_the_cache_give_serial_results():
 @pytest.mark.parametrize("size", [(1, 1, 2, 2, 3), (2, 16, 32, 32, 3), (1, 64, 64, 64, 3)])
 def test_cached_thread_count_follows_the_rules(num_threads, size, monkeypatch):
     """_Call.acquire() takes _threads(num_threads, work) threads: OpenMP's default read at
-    each call, reduced for small calls; one thread in a forked child."""
+    each call; one thread in a forked child (the reduction for small calls, at the real
+    _WORK_PER_THREAD: test_small_calls_use_fewer_threads)."""
     x = np.zeros((size[0], 8, 4, 4, 4), np.float32)
     q = np.zeros(size, np.float32)
     pb = gs3d._validation.check_problem(x, q, None, "bilinear", "zeros", False, "NCDHW")

@@ -658,6 +658,7 @@ def test_failing_array_conversion_is_grid_sampler_error(op):
 
 _HUGE_THREADS_SCRIPT = r"""
 import sys, numpy as np, gs3d
+gs3d._api._WORK_PER_THREAD = 1      # this small call gets the threads it asks for (see conftest)
 op, nt = sys.argv[1], int(sys.argv[2])
 rng = np.random.default_rng(0)
 x = rng.random((1, 2, 3, 3, 3)); q = rng.uniform(-1, 1, (1, 2, 2, 2, 3))

@@ -118,7 +118,7 @@ def test_forward_plan_fast_path_hands_doubtful_arrays_to_the_full_checks():
 def test_backward_runner_matches_memoryview_entry_and_guards_memory(dtype, layout):
     """The bound BackwardRunner (what the API calls) and the typed-memoryview ``backward``
     entry give the same bits; the runner refuses arrays of other shapes, dtypes or
-    alignment and read-only outputs, writing nothing."""
+    alignment, read-only outputs and a missing output it is bound to fill, writing nothing."""
     from gs3d import _api
     from gs3d._validation import check_problem
     g, x, q = _case(np.random.default_rng(8), dtype, layout)
@@ -143,7 +143,7 @@ def test_backward_runner_matches_memoryview_entry_and_guards_memory(dtype, layou
     raw = np.zeros(x.nbytes + 1, np.uint8)[1:].view(x.dtype).reshape(x.shape)
     bad = [(g[:1], x, q, dx, dg), (g, x, q[..., :2], dx, dg), (g, x.astype(">" + x.dtype.str[1:]
            if not half else np.float32), q, dx, dg), (g, x, q, raw, dg), (g, x, q, dx, readonly),
-           (g, x, q, dx, dg.tolist())]
+           (g, x, q, dx, dg.tolist()), (g, x, q, None, dg), (g, x, q, dx, None)]
     for args in bad:
         out = np.full(x.shape, 3, x.dtype)
         with pytest.raises(ValueError, match="backward runner"):

@@ -326,6 +326,7 @@ SPAWN_SCRIPT = textwrap.dedent("""
     import multiprocessing as mp
     import numpy as np
     import gs3d
+    gs3d._api._WORK_PER_THREAD = 1    # threads whatever the size (see conftest), here and in the child
 
     def job(seed):
         rng = np.random.default_rng(seed)
