@@ -455,16 +455,18 @@ cdef inline void prefetch_span(const char* p, Py_ssize_t lo, Py_ssize_t nbytes,
             p += 64
 
 
-cdef inline void prefetch_corners(const store_t* x, acc_t* A, Tile* t, int i, bint gather,
-                                  bint scatter) noexcept nogil:
+cdef inline void prefetch_corners(const store_t* x, acc_t* A, Tile* t, int i,
+                                  unsigned char gather, unsigned char scatter) noexcept nogil:
     """Ask for the cache lines of point i's corners: the input rows it gathers from and the
-    accumulator rows it scatters into (each row: corners x0 and x1 with all their channels).
-    Only called for points whose corner offsets were set."""
+    accumulator rows it scatters into (row r: corners 2r and 2r + 1, x0 and x1 with all their
+    channels), for the rows holding a corner of the masks ``gather`` / ``scatter`` (bit j:
+    corner j; nearest and edge points need fewer rows).  Only called for points whose corner
+    offsets were set."""
     cdef int r
     for r in range(4):
-        if gather:
+        if (gather >> (2 * r)) & 3:
             prefetch_span(<const char*>&x[xo(t, i, 2 * r)], t.px_lo, t.px_n, False)
-        if scatter:
+        if (scatter >> (2 * r)) & 3:
             prefetch_span(<const char*>&A[ao(t, i, 2 * r)], t.pa_lo, t.pa_n, True)
 
 
@@ -697,12 +699,12 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     for i in range(min(cnt, <int>AHEAD)):
         # the points the in-loop prefetch (AHEAD points ahead) cannot reach
         if t.vs[i]:
-            prefetch_corners(x, scratch, t, i, True, False)
+            prefetch_corners(x, scratch, t, i, t.vs[i], 0)
     if C == 1:
         for i in range(cnt):
             v = t.vs[i]
             if i + AHEAD < cnt and t.vs[i + AHEAD]:
-                prefetch_corners(x, scratch, t, i + AHEAD, True, False)
+                prefetch_corners(x, scratch, t, i + AHEAD, t.vs[i + AHEAD], 0)
             s = 0
             if v == 0xFF:
                 # all corners in bounds: no mask tests
@@ -727,7 +729,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                 r = &obuf[(i - i0) * C] if per else scratch
                 v = t.vs[i]
                 if i + AHEAD < cnt and t.vs[i + AHEAD]:
-                    prefetch_corners(x, scratch, t, i + AHEAD, True, False)
+                    prefetch_corners(x, scratch, t, i + AHEAD, t.vs[i + AHEAD], 0)
                 for c in range(C):
                     r[c] = 0
                 for j in range(8):
@@ -1172,14 +1174,15 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     for i in range(min(cnt, <int>AHEAD)):
         # the points the in-loop prefetch (AHEAD points ahead) cannot reach
         if t.vs[i] or (t.own[i] and t.vd[i]):
-            prefetch_corners(x, A, t, i, t.vd[i] != 0, t.vs[i] != 0)
+            prefetch_corners(x, A, t, i, t.vd[i] if t.own[i] else 0, t.vs[i])
     if C == 1:
         # one channel: no channel loops at all (same arithmetic as the general paths)
         for i in range(cnt):
             vs = t.vs[i]
             vd = t.vd[i] if (t.own[i] and bilinear) else 0
             if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
-                prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] != 0, t.vs[i + AHEAD] != 0)
+                prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] if t.own[i + AHEAD] else 0,
+                                 t.vs[i + AHEAD])
             if vs or vd:
                 goc = <acc_t>ld(grad, t.ob[i], hk)
             if t.own[i]:
@@ -1222,8 +1225,9 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 vs = t.vs[i]
                 vd = t.vd[i] if (t.own[i] and bilinear) else 0
                 if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
-                    prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] != 0,
-                                     t.vs[i + AHEAD] != 0)
+                    prefetch_corners(x, A, t, i + AHEAD,
+                                     t.vd[i + AHEAD] if t.own[i + AHEAD] else 0,
+                                     t.vs[i + AHEAD])
                 if per:
                     gp = &dots[(i - i0) * C]
                 elif vs or vd:
