@@ -510,6 +510,18 @@ def grid_sample_3d_backward(grad_output, input, grid, *, mode="bilinear", paddin
         _release(res)
 
 
+def _items_dense(a: np.ndarray) -> bool:
+    """True when every batch item ``a[n]`` is one dense block of memory, its axes in any order
+    with positive strides: the kernels' test (dense_strides) for putting the channels-last
+    input copy of the NCDHW backward in input_grad[n] itself."""
+    step = a.itemsize
+    for stride, size in sorted((st, n) for n, st in zip(a.shape[1:], a.strides[1:]) if n > 1):
+        if stride != step:
+            return False
+        step *= size
+    return True
+
+
 def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad):
     """Run the backward into the given buffers (new arrays when None); flat like _forward."""
     dx = dx_k = dg = dg_k = None
@@ -535,9 +547,13 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     runner = res.brunner
     if runner is None:
         runner = _bind_backward_runner(res, x.dtype, want_dx, want_dg)
-    if res.cl and dx_k is not None and res.xcl.size == 1 and not dx_k.flags.c_contiguous:
+    if res.cl and dx_k is not None and res.xcl.size == 1 and not _items_dense(dx_k):
         # the channels-last input copy cannot live in this input_grad: a buffer for it, once
+        # (and no longer pooled if that makes the scratch set too big for the pool)
         res.xcl = np.empty(res.dx_acc.size, dtype=res.xcl.dtype)
+        res.nbytes += res.xcl.nbytes
+        if res.nbytes > _POOL_MAX_BYTES:
+            res.home = None
         runner.set_xcl(res.xcl)
     # the runner takes the arrays in the caller's layout and storage type (no views to make)
     runner.run(g, x, q, dx_k, dg_k)

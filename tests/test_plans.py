@@ -470,3 +470,35 @@ def test_few_channel_float32_backward_strides_agree_across_builds(variant, C):
                                                   else out.base[..., 1::2] == 5.0)
     for a, b in zip(*results):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+def test_channels_last_copy_lives_in_sliced_input_grad():
+    """The NCDHW backward with many channels copies the input channels-last into input_grad[n]
+    when that item is one dense block, whatever the whole array's layout: an input_grad sliced
+    along N (not C-contiguous) needs no extra buffer, and gives the same bits.  A strided item
+    does need the buffer (one batch item of scratch), and gives the same bits too."""
+    import tracemalloc
+    from gs3d import _api
+    rng = np.random.default_rng(30)
+    x = rng.standard_normal((2, 16, 12, 12, 12)).astype(np.float32)
+    q = rng.uniform(-1, 1, (2, 12, 12, 12, 3)).astype(np.float32)
+    g = rng.standard_normal((2, 16, 12, 12, 12)).astype(np.float32)
+    assert _api._kernels.channels_last_pays(16, 12, 12, 12, 12 ** 3)
+    want = gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)
+    item = x[0].nbytes
+    for make, extra_ok in ((lambda: np.full((4,) + x.shape[1:], 7, x.dtype)[::2], False),
+                           (lambda: np.full(x.shape[:4] + (24,), 7, x.dtype)[..., ::2], True)):
+        dx = make()
+        assert not dx.flags.c_contiguous
+        _api.clear_call_cache()
+        gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)         # warm the call cache
+        tracemalloc.start()
+        got = gs3d.grid_sample_3d_backward(g, x, q, num_threads=2, input_grad=dx)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert got[0] is dx
+        assert np.array_equal(dx.view(np.uint32), want[0].view(np.uint32))
+        assert np.array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
+        # scratch of the call: the channels-last accumulator (one item), the grid gradient,
+        # and with a strided item the input copy (one item more)
+        assert (peak > 2.5 * item) == extra_ok, (peak, item)
