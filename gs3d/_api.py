@@ -93,24 +93,19 @@ def _compute_dtype(kind: str) -> np.dtype:
     return np.dtype(np.float64 if kind == "f8" else np.float32)
 
 
-# (N, C, D, H, W) -> (N, D, H, W, C): the kernels' axis order
-_TO_NDHWC = (0, 2, 3, 4, 1)
-
-
 class _Resources:
     """Everything a kernel call needs besides its arrays (owned by a plan, or pooled per call
     signature for plain calls; see ``_Call``).  Used by one call at a time."""
 
-    __slots__ = ("pb", "kind", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
-                 "dummy_dg", "nbytes", "half", "perm", "mode", "padding", "align", "out_empty",
-                 "in_empty", "home", "plain_align", "cl", "xcl", "runner", "brunner")
+    __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
+                 "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
+                 "home", "plain_align", "cl", "xcl", "runner", "brunner")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool):
         acc = _compute_dtype(pb.kind)
         store = np.uint16 if pb.kind in _HALF_KIND else acc     # float32/64 store what they compute
         D, H, W = pb.in_spatial
         self.pb = pb
-        self.kind = pb.kind
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
         self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
@@ -135,15 +130,13 @@ class _Resources:
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled
         self.nbytes = sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc,
                                              self.xcl, self.dummy_dx, self.dummy_dg))
-        # precomputed per-call pieces: storage view, axis order, trailing kernel arguments
-        self.half = pb.kind in _HALF_KIND
-        self.perm = None if pb.channels_last else _TO_NDHWC
+        # the options the runners are bound with
         self.mode, self.padding, self.align = pb.mode, pb.padding, pb.align
         self.out_empty = pb.N * pb.C * math.prod(pb.out_spatial) == 0    # output / grad_output
         self.in_empty = pb.N * pb.C * D * H * W == 0
         # a dtype whose alignment is its size: an aligned array's strides are multiples of it,
         # so ``kernel_ready`` keeps every aligned array (checked inline by _forward/_backward)
-        dt = np.dtype(np.uint16 if self.half else acc)
+        dt = np.dtype(store)
         self.plain_align = dt.alignment == dt.itemsize
         self.runner: Any = None     # the forward's _kernels.ForwardRunner, bound on first use
         self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
