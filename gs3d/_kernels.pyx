@@ -865,10 +865,37 @@ cdef void ndhwc_dims(cnp.ndarray a, bint perm, Py_ssize_t* sh, Py_ssize_t* st) n
         st[k] = s[j]
 
 
+cdef int copy_shape(tuple shape, Py_ssize_t* dst) except -1:
+    """dst[0:5] = shape, a 5-D shape."""
+    cdef int k
+    if len(shape) != 5:
+        raise ValueError("a bound problem has 5-D shapes")
+    for k in range(5):
+        dst[k] = shape[k]
+    return 0
+
+
+cdef int check_buffer(cnp.ndarray arr, Py_ssize_t itemsize, bint contiguous) except -1:
+    """A scratch array a runner keeps: aligned, writeable, non-empty, items of ``itemsize``
+    bytes and, with ``contiguous``, C-contiguous."""
+    if not (arr.flags.writeable and arr.flags.aligned and arr.size > 0
+            and arr.dtype.itemsize == itemsize and (arr.flags.c_contiguous or not contiguous)):
+        raise ValueError("scratch arrays must be aligned, writeable, non-empty and of the item "
+                         "size of their type (all but dx_acc C-contiguous)")
+    return 0
+
+
 @cython.auto_pickle(False)
 cdef class _Locked:
-    """A lock for the runners below: calls on one runner share its scratch."""
+    """What the runners below share: the lock that serialises calls on one runner (they share
+    its scratch), and the dtype, options and per-thread scratch rows they are bound to."""
     cdef PyThread_type_lock lock
+    cdef object scratch, dtype
+    cdef int kind               # 0: double, 1: float, 2: unsigned short (16-bit formats)
+    cdef int nthreads, mode, padding, half_kind
+    cdef bint align, channels_first, bound
+    cdef Py_ssize_t isz, srow
+    cdef char* scratch_p
 
     def __cinit__(self, *args, **kwargs):
         self.lock = PyThread_allocate_lock()
@@ -885,6 +912,30 @@ cdef class _Locked:
             with nogil:
                 PyThread_acquire_lock(self.lock, WAIT_LOCK)
 
+    cdef int bind_common(self, cnp.dtype dtype, bint channels_last, cnp.ndarray scratch,
+                         Py_ssize_t min_cols, int mode, int padding, bint align, int half_kind,
+                         int nthreads) except -1:
+        """The part of ``bind`` both runners share: once only; the dtype and options; the
+        ``scratch`` rows (nthreads, at least ``min_cols``) of the compute type."""
+        if self.bound:
+            raise ValueError("the runner is already bound")
+        if nthreads < 1:
+            raise ValueError("a bound problem runs on at least one thread")
+        self.isz = dtype.itemsize
+        self.kind = {8: 0, 4: 1, 2: 2}[self.isz]
+        acc = np.float64 if self.kind == 0 else np.float32
+        check_buffer(scratch, np.dtype(acc).itemsize, True)
+        if (scratch.ndim != 2 or scratch.dtype != acc or scratch.shape[0] < nthreads
+                or scratch.shape[1] < min_cols):
+            raise ValueError("scratch too small")
+        self.dtype, self.scratch = dtype, scratch
+        self.scratch_p = <char*>cnp.PyArray_DATA(scratch)
+        self.srow = scratch.shape[1]
+        self.channels_first = not channels_last
+        self.mode, self.padding, self.align, self.half_kind = mode, padding, align, half_kind
+        self.nthreads = nthreads
+        return 0
+
 
 @cython.auto_pickle(False)     # raw pointers into its scratch; plans were never picklable
 cdef class ForwardRunner(_Locked):
@@ -898,13 +949,9 @@ cdef class ForwardRunner(_Locked):
     which a subclass provides (the full checks; it ends in ``run``).  Calls on one runner are
     serialised by its lock (the scratch is shared); the kernel runs without the GIL.
     """
-    cdef object scratch, workspace, xcl, dtype
-    cdef int kind               # 0: double, 1: float, 2: unsigned short (16-bit formats)
-    cdef int nthreads, mode, padding, half_kind
-    cdef bint align, channels_first, bound
-    cdef Py_ssize_t isz, srow, nxcl
+    cdef object workspace, xcl
+    cdef Py_ssize_t nxcl
     cdef bint staged
-    cdef char* scratch_p
     cdef char* xcl_p
     cdef Tile* tiles
     cdef Py_ssize_t in_shape[5]
@@ -917,40 +964,22 @@ cdef class ForwardRunner(_Locked):
         """Fix the problem (shapes in the caller's layout, already validated) and the scratch:
         ``scratch`` (nthreads, C + SCRATCH_EXTRA) of the compute type, ``workspace`` uint8,
         ``xcl`` the channels-last input copy (or a dummy), all C-contiguous.  Once only."""
-        cdef Py_ssize_t k, C
-        if self.bound:
-            raise ValueError("the runner is already bound")
-        if (len(input_shape) != 5 or len(grid_shape) != 5 or len(output_shape) != 5
-                or nthreads < 1):
-            raise ValueError("a bound problem has 5-D shapes and at least one thread")
-        for k in range(5):
-            self.in_shape[k] = input_shape[k]
-            self.grid_shape[k] = grid_shape[k]
-            self.out_shape[k] = output_shape[k]
+        cdef Py_ssize_t C
+        copy_shape(input_shape, self.in_shape)
+        copy_shape(grid_shape, self.grid_shape)
+        copy_shape(output_shape, self.out_shape)
         C = self.in_shape[4] if channels_last else self.in_shape[1]
-        self.isz = dtype.itemsize
-        self.kind = {8: 0, 4: 1, 2: 2}[self.isz]
-        acc = np.float64 if self.kind == 0 else np.float32
-        for arr, want in ((scratch, acc), (workspace, np.uint8), (xcl, dtype)):
-            if not (arr.flags.c_contiguous and arr.flags.writeable and arr.flags.aligned
-                    and arr.dtype.itemsize == np.dtype(want).itemsize and arr.size > 0):
-                raise ValueError("scratch arrays must be aligned, writeable, C-contiguous, "
-                                 "non-empty and of the item size of their type")
-        if (scratch.ndim != 2 or scratch.dtype != acc or scratch.shape[0] < nthreads
-                or scratch.shape[1] < C):
-            raise ValueError("scratch too small")
+        check_buffer(workspace, 1, True)
+        check_buffer(xcl, dtype.itemsize, True)
         if workspace.size < <Py_ssize_t>(nthreads * sizeof(Tile)):
             raise ValueError("workspace too small")
-        self.dtype, self.scratch, self.workspace, self.xcl = dtype, scratch, workspace, xcl
-        self.channels_first = not channels_last
-        self.srow = scratch.shape[1]
-        self.staged = scratch.shape[1] >= C + STAGE
-        self.scratch_p = <char*>cnp.PyArray_DATA(scratch)
+        self.bind_common(dtype, channels_last, scratch, C, mode, padding, align, half_kind,
+                         nthreads)
+        self.workspace, self.xcl = workspace, xcl
+        self.staged = self.srow >= C + STAGE
         self.tiles = <Tile*>cnp.PyArray_DATA(workspace)
         self.xcl_p = <char*>cnp.PyArray_DATA(xcl)
         self.nxcl = xcl.size
-        self.mode, self.padding, self.align, self.half_kind = mode, padding, align, half_kind
-        self.nthreads = nthreads
         self.bound = True
 
     cdef int launch(self, cnp.ndarray x, cnp.ndarray q, cnp.ndarray out) except -1:
@@ -1612,12 +1641,9 @@ cdef class BackwardRunner(_Locked):
     dtype, options, output mask and scratch arrays of a validated problem; ``run`` then takes
     ndarrays in the caller's layout and storage type without acquiring typed memoryviews.
     Calls on one runner are serialised by its lock; the kernel runs without the GIL."""
-    cdef object scratch, workspace, xcl, dacc, dummy_dx, dummy_dg, dtype
-    cdef int kind               # 0: double, 1: float, 2: unsigned short (16-bit formats)
-    cdef int nthreads, mode, padding, half_kind
-    cdef bint align, channels_first, bound, want_dx, want_dg
-    cdef Py_ssize_t isz, srow, nxcl, ws_bytes
-    cdef char* scratch_p
+    cdef object workspace, xcl, dacc, dummy_dx, dummy_dg
+    cdef bint want_dx, want_dg
+    cdef Py_ssize_t nxcl
     cdef char* xcl_p
     cdef char* dacc_p
     cdef unsigned char* ws
@@ -1637,60 +1663,41 @@ cdef class BackwardRunner(_Locked):
         accumulator is needed), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
         uint8, ``xcl`` the channels-last input copy (or a dummy), and one-element 5-D dummies
         of the storage type for the gradients not wanted.  Once only."""
-        cdef Py_ssize_t k, C, D, H, W, P, item
-        if self.bound:
-            raise ValueError("the runner is already bound")
-        if (len(grad_output_shape) != 5 or len(input_shape) != 5 or len(grid_shape) != 5
-                or nthreads < 1):
-            raise ValueError("a bound problem has 5-D shapes and at least one thread")
-        for k in range(5):
-            self.go_shape[k] = grad_output_shape[k]
-            self.in_shape[k] = input_shape[k]
-            self.grid_shape[k] = grid_shape[k]
+        cdef Py_ssize_t k, C, D, H, W, P, acc_size = 8 if dtype.itemsize == 8 else 4
+        copy_shape(grad_output_shape, self.go_shape)
+        copy_shape(input_shape, self.in_shape)
+        copy_shape(grid_shape, self.grid_shape)
         if channels_last:
             D, H, W, C = self.in_shape[1], self.in_shape[2], self.in_shape[3], self.in_shape[4]
         else:
             C, D, H, W = self.in_shape[1], self.in_shape[2], self.in_shape[3], self.in_shape[4]
         P = self.grid_shape[1] * self.grid_shape[2] * self.grid_shape[3]
-        self.isz = dtype.itemsize
-        self.kind = {8: 0, 4: 1, 2: 2}[self.isz]
-        acc = np.float64 if self.kind == 0 else np.float32
-        store = np.uint16 if self.kind == 2 else acc
-        for arr, want in ((scratch, acc), (workspace, np.uint8), (xcl, store), (dx_acc, acc),
-                          (dummy_dx, store), (dummy_dg, store)):
-            if not (arr.flags.writeable and arr.flags.aligned and arr.size > 0
-                    and arr.dtype.itemsize == np.dtype(want).itemsize
-                    and (arr is dx_acc or arr.flags.c_contiguous)):
-                raise ValueError("scratch arrays must be aligned, writeable, non-empty and of "
-                                 "the item size of their type (all but dx_acc C-contiguous)")
-        if (scratch.ndim != 2 or scratch.dtype != acc or scratch.shape[0] < nthreads
-                or scratch.shape[1] < C + SCRATCH_EXTRA):
-            raise ValueError("scratch too small")
+        check_buffer(workspace, 1, True)
+        check_buffer(xcl, dtype.itemsize, True)
+        check_buffer(dx_acc, acc_size, False)
+        check_buffer(dummy_dx, dtype.itemsize, True)
+        check_buffer(dummy_dg, dtype.itemsize, True)
         if workspace.size < workspace_bytes(nthreads, D, P):
             raise ValueError("workspace too small")
         if (dx_acc.ndim != 4 or (<object>dummy_dx).shape != (1,) * 5
                 or (<object>dummy_dg).shape != (1, 1, 1, 1, 3)):
             raise ValueError("dx_acc is 4-D, the dummies (1, 1, 1, 1, 1) and (1, 1, 1, 1, 3)")
-        if want_dx and self.kind == 2 and (dx_acc.shape[0] < D or dx_acc.shape[1] < H
-                                           or dx_acc.shape[2] < W or dx_acc.shape[3] < C):
+        if want_dx and dtype.itemsize == 2 and (dx_acc.shape[0] < D or dx_acc.shape[1] < H
+                                                or dx_acc.shape[2] < W or dx_acc.shape[3] < C):
             raise ValueError("dx accumulator too small")
         for k in range(4):
             self.dacc_shape[k] = dx_acc.shape[k]
-            item = dx_acc.strides[k]
-            if item % dx_acc.itemsize:
+            if dx_acc.strides[k] % dx_acc.itemsize:
                 raise ValueError("dx_acc strides must be multiples of its item size")
         fill_strides(self.dacc_strides, <Py_ssize_t*>cnp.PyArray_DIMS(dx_acc),
                      <Py_ssize_t*>cnp.PyArray_STRIDES(dx_acc), dx_acc.itemsize, 4)
-        self.dtype, self.scratch, self.workspace, self.dacc = dtype, scratch, workspace, dx_acc
+        self.bind_common(dtype, channels_last, scratch, C + SCRATCH_EXTRA, mode, padding, align,
+                         half_kind, nthreads)
+        self.workspace, self.dacc = workspace, dx_acc
         self.dummy_dx, self.dummy_dg = dummy_dx, dummy_dg
-        self.channels_first = not channels_last
         self.want_dx, self.want_dg = want_dx, want_dg
-        self.srow = scratch.shape[1]
-        self.scratch_p = <char*>cnp.PyArray_DATA(scratch)
         self.ws = <unsigned char*>cnp.PyArray_DATA(workspace)
         self.dacc_p = <char*>cnp.PyArray_DATA(dx_acc)
-        self.mode, self.padding, self.align, self.half_kind = mode, padding, align, half_kind
-        self.nthreads = nthreads
         self.set_xcl(xcl)
         self.bound = True
 
@@ -1723,7 +1730,7 @@ cdef class BackwardRunner(_Locked):
                      self.mode, self.padding, self.align, self.half_kind)
         ndhwc_dims(go, perm, sh, st)
         fill_strides(g.gs, sh, st, self.isz, 5)
-        ndhwc_dims(dx, perm and self.want_dx, sh, st)
+        ndhwc_dims(dx, perm, sh, st)
         fill_strides(g.ds, sh, st, self.isz, 5)
         fill_strides(g.os, <Py_ssize_t*>cnp.PyArray_DIMS(dg),
                      <Py_ssize_t*>cnp.PyArray_STRIDES(dg), self.isz, 5)
