@@ -256,6 +256,37 @@ cdef extern from *:
         *w0 = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(one, fr1)),
                               _mm256_cvtpd_ps(_mm256_sub_pd(one, fr0)));
     }
+    /* Load and map the k (<= 8) points at q, q + qp, ... (coordinate stride qc): per axis
+       (x, y, z) the int32 corner-0 index idx, the in-bounds masks of corners 0 and 1 into
+       m[2 axis], m[2 axis + 1], the weights into w[...] alike, and the sample and multiplier
+       masks of gs3d_axis8.  Lanes past k are NaN: they sample nothing. */
+    static inline void gs3d_map8(const float* q, Py_ssize_t qp, Py_ssize_t qc, int k,
+                                 Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, int align, int border,
+                                 __m256i* idx, __m256i* m, __m256* w, __m256i* ok,
+                                 __m256* mult) {
+        float c[3][8];
+        const double size[3] = {(double)W, (double)H, (double)D};
+        int l, a;
+        for (l = 0; l < 8; l++) {
+            if (l < k) {
+                const float* g = q + l * qp;
+                c[0][l] = g[0]; c[1][l] = g[qc]; c[2][l] = g[2 * qc];
+            } else {
+                c[0][l] = c[1][l] = c[2][l] = NAN;
+            }
+        }
+        for (a = 0; a < 3; a++)
+            gs3d_axis8(c[a], size[a], align, border, &idx[a], &m[2 * a], &m[2 * a + 1],
+                       &w[2 * a], &w[2 * a + 1], &ok[a], &mult[a]);
+    }
+    /* idx[2] * sz + idx[1] * sy + idx[0] * sx, lane by lane (int32) */
+    static inline __m256i gs3d_offset8(const __m256i* idx, Py_ssize_t sx, Py_ssize_t sy,
+                                       Py_ssize_t sz) {
+        return _mm256_add_epi32(_mm256_add_epi32(
+            _mm256_mullo_epi32(idx[2], _mm256_set1_epi32((int)sz)),
+            _mm256_mullo_epi32(idx[1], _mm256_set1_epi32((int)sy))),
+            _mm256_mullo_epi32(idx[0], _mm256_set1_epi32((int)sx)));
+    }
     /* one block of eight points after mapping: int32 offset of corner 0, the in-bounds masks
        of corners 0 and 1 per axis and the weights (1 - frac, frac) per axis */
     typedef struct { __m256i base, m[6]; __m256 w[6]; } gs3d_block8;
@@ -286,12 +317,10 @@ cdef extern from *:
                                      Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
                                      Py_ssize_t cnt, int align, int border) {
-        float cx[8], cy[8], cz[8], r[8];
+        float r[8];
         gs3d_block8 blk[8];
-        __m256i ix, iy, iz, m, okv;
-        __m256 s, v, mv;
-        const __m256i vsx = _mm256_set1_epi32((int)sx), vsy = _mm256_set1_epi32((int)sy);
-        const __m256i vsz = _mm256_set1_epi32((int)sz);
+        __m256i idx[3], m, okv[3];
+        __m256 s, v, mv[3];
         Py_ssize_t p0, p, c;
         int l, j, k, b, nb;
         for (p0 = 0; p0 < cnt; p0 += 64) {
@@ -300,20 +329,8 @@ cdef extern from *:
                 gs3d_block8* B = &blk[b];
                 p = p0 + 8 * b;
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
-                for (l = 0; l < 8; l++) {
-                    if (l < k) {
-                        const float* g = q + (p + l) * qp;
-                        cx[l] = g[0]; cy[l] = g[qc]; cz[l] = g[2 * qc];
-                    } else {
-                        cx[l] = cy[l] = cz[l] = NAN;      /* padding lanes sample nothing */
-                    }
-                }
-                gs3d_axis8(cx, (double)W, align, border, &ix, &B->m[0], &B->m[1], &B->w[0], &B->w[1], &okv, &mv);
-                gs3d_axis8(cy, (double)H, align, border, &iy, &B->m[2], &B->m[3], &B->w[2], &B->w[3], &okv, &mv);
-                gs3d_axis8(cz, (double)D, align, border, &iz, &B->m[4], &B->m[5], &B->w[4], &B->w[5], &okv, &mv);
-                B->base = _mm256_add_epi32(_mm256_add_epi32(_mm256_mullo_epi32(iz, vsz),
-                                                            _mm256_mullo_epi32(iy, vsy)),
-                                           _mm256_mullo_epi32(ix, vsx));
+                gs3d_map8(q + p * qp, qp, qc, k, W, H, D, align, border, idx, B->m, B->w, okv, mv);
+                B->base = gs3d_offset8(idx, sx, sy, sz);
                 gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
             }
             for (b = 0; b < nb; b++) {
@@ -360,18 +377,18 @@ cdef extern from *:
        depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
        plane (key_of) is there, unless own_all. */
     typedef struct {
-        __m256i base, abase, iz, ok, own, m[6];
+        __m256i base, abase, iz, own, m[6];
         __m256 w[6], mult[3];
         int ownb, slabb;    /* lanes with grid-gradient / input-gradient work for this call */
     } gs3d_bblock8;
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
-        float cx[8], cy[8], cz[8], gx8[8], gy8[8], gz8[8], wa[8][8], gov[8][8];
+        float gx8[8], gy8[8], gz8[8], wa[8][8], gov[8][8];
         int oa[8][8], own8[8];
         unsigned vsb[8];
         gs3d_bblock8 blk[8];
-        __m256i ix, iy, iz, okx, oky, okz, mj[8], own, mall, slab;
+        __m256i idx[3], iz, okv[3], mj[8], own, mall, slab;
         int ownb, slabb;
-        __m256 mx, my, mz, g[8], d[8], v, acc, gx, gy, gz;
+        __m256 mv[3], g[8], d[8], v, acc, gx, gy, gz;
         const Py_ssize_t C = a->C, sx = a->sx, sy = a->sy, sz = a->sz;
         const Py_ssize_t ax = a->ax, ay = a->ay, az = a->az;
         const int all_planes = a->zlo <= 0 && a->zhi >= a->D;
@@ -384,34 +401,15 @@ cdef extern from *:
                 __m256i vld;
                 p = p0 + 8 * b;
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
-                for (l = 0; l < 8; l++) {
-                    if (l < k) {
-                        const float* q = a->q + (p + l) * a->qp;
-                        cx[l] = q[0]; cy[l] = q[a->qc]; cz[l] = q[2 * a->qc];
-                    } else {
-                        cx[l] = cy[l] = cz[l] = NAN;
-                    }
-                }
-                gs3d_axis8(cx, (double)a->W, a->align, a->border, &ix, &B->m[0], &B->m[1],
-                           &B->w[0], &B->w[1], &okx, &mx);
-                gs3d_axis8(cy, (double)a->H, a->align, a->border, &iy, &B->m[2], &B->m[3],
-                           &B->w[2], &B->w[3], &oky, &my);
-                gs3d_axis8(cz, (double)a->D, a->align, a->border, &iz, &B->m[4], &B->m[5],
-                           &B->w[4], &B->w[5], &okz, &mz);
-                vld = _mm256_and_si256(_mm256_and_si256(okx, oky), okz);
-                B->mult[0] = _mm256_and_ps(mx, _mm256_castsi256_ps(vld));
-                B->mult[1] = _mm256_and_ps(my, _mm256_castsi256_ps(vld));
-                B->mult[2] = _mm256_and_ps(mz, _mm256_castsi256_ps(vld));
+                gs3d_map8(a->q + p * a->qp, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
+                          a->border, idx, B->m, B->w, okv, mv);
+                vld = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
+                for (l = 0; l < 3; l++)
+                    B->mult[l] = _mm256_and_ps(mv[l], _mm256_castsi256_ps(vld));
+                iz = idx[2];
                 B->iz = iz;
-                B->ok = okz;
-                B->base = _mm256_add_epi32(_mm256_add_epi32(
-                    _mm256_mullo_epi32(iz, _mm256_set1_epi32((int)sz)),
-                    _mm256_mullo_epi32(iy, _mm256_set1_epi32((int)sy))),
-                    _mm256_mullo_epi32(ix, _mm256_set1_epi32((int)sx)));
-                B->abase = _mm256_add_epi32(_mm256_add_epi32(
-                    _mm256_mullo_epi32(iz, _mm256_set1_epi32((int)az)),
-                    _mm256_mullo_epi32(iy, _mm256_set1_epi32((int)ay))),
-                    _mm256_mullo_epi32(ix, _mm256_set1_epi32((int)ax)));
+                B->base = gs3d_offset8(idx, sx, sy, sz);
+                B->abase = gs3d_offset8(idx, ax, ay, az);
                 /* the points this call owns (grid gradient) and those with a corner plane in
                    [zlo, zhi) (input gradient): at N = 1 every thread maps every point, and
                    only those are prefetched and worked on */
