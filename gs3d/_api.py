@@ -28,7 +28,7 @@ def _select_kernels():
 
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
-    MAX_THREADS, GridSamplerError, Problem, as_input_array, check_output, check_problem,
+    MAX_THREADS, MODES, GridSamplerError, Problem, as_input_array, check_output, check_problem,
     kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
     volume_shape,
 )
@@ -101,7 +101,7 @@ class _Resources:
                  "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
                  "home", "plain_align", "cl", "xcl", "runner", "brunner")
 
-    def __init__(self, pb: Problem, nt: int, want_dx: bool):
+    def __init__(self, pb: Problem, nt: int, want_dx: bool, backward: bool = False):
         acc = _compute_dtype(pb.kind)
         store = np.uint16 if pb.kind in _HALF_KIND else acc     # float32/64 store what they compute
         D, H, W = pb.in_spatial
@@ -109,7 +109,8 @@ class _Resources:
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
         self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
-        self.workspace = np.empty(_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial)),
+        self.workspace = np.empty(_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial),
+                                                          pb.mode),
                                   dtype=np.uint8)
         # NCDHW with many channels runs through channels-last copies (see the kernels):
         # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
@@ -124,7 +125,9 @@ class _Resources:
                                           dtype=acc), pb.channels_last)[0]
         else:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
-        self.xcl = np.empty(D * H * W * pb.C if self.cl and not want_dx else 1, dtype=store)
+        # (nearest's backward never reads the input, so it makes no copy of it)
+        copy_in = self.cl and not want_dx and not (backward and pb.mode == MODES["nearest"])
+        self.xcl = np.empty(D * H * W * pb.C if copy_in else 1, dtype=store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled
@@ -245,7 +248,7 @@ class _Call:
         else:
             free = []                       # the thread count changed: a pool for the new one
             self.pool = (nt, free)
-        res = _Resources(self.pb, nt, self.want_dx)
+        res = _Resources(self.pb, nt, self.want_dx, self.want_dx or self.want_dg)
         if res.nbytes <= _POOL_MAX_BYTES:
             res.home = free
         return res
@@ -540,7 +543,8 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     runner = res.brunner
     if runner is None:
         runner = _bind_backward_runner(res, x.dtype, want_dx, want_dg)
-    if res.cl and dx_k is not None and res.xcl.size == 1 and not _items_dense(dx_k):
+    if (res.cl and dx_k is not None and res.xcl.size == 1 and res.mode == MODES["bilinear"]
+            and not _items_dense(dx_k)):
         # the channels-last input copy cannot live in this input_grad: a buffer for it, once
         # (and no longer pooled if that makes the scratch set too big for the pool)
         res.xcl = np.empty(res.dx_acc.size, dtype=res.xcl.dtype)
@@ -735,7 +739,7 @@ class BackwardPlan:
         self.dtype = x.dtype
         self.grad_output_shape, self.input_shape, self.grid_shape = g.shape, x.shape, q.shape
         nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
-        self._res = _Resources(pb, nt, self.want_dx)
+        self._res = _Resources(pb, nt, self.want_dx, True)
         self._lock = threading.Lock()
         #: bytes of scratch memory the plan owns and reuses on every call
         self.workspace_size = self._res.nbytes

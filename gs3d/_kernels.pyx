@@ -111,16 +111,32 @@ cdef enum:
     BWD_GATHER_MAX_C = 7
 
 
+# The threaded nearest backward at N = 1 first finds, in parallel over points, the voxel of
+# NBLOCK points, then scatters them, each thread into its own depth slab (no thread repeats
+# another's set-up, as the threads of the bilinear slabs do on random grids).
+cdef enum:
+    NBLOCK = 4096
+
+
 # columns of scratch a kernel needs beyond the C of the channel buffer
 SCRATCH_EXTRA = STAGE
 
 
-def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P):
+def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P, int mode=MODE_BILINEAR):
     """Bytes of the ``workspace`` buffer the kernels need for ``P`` output points per batch
     item: one tile per thread, the slab bounds, the per-plane cost estimate and the depth range
-    of every tile (the last three for the threaded backward)."""
+    of every tile (the last three for the threaded backward; nearest uses the room of the
+    depth ranges for its blocks of voxel indices instead, see nearest_index_tile)."""
     return (nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
-            + 2 * ((P + TILE - 1) // TILE) * sizeof(Py_ssize_t))
+            + region_bytes(P, mode))
+
+
+cdef inline Py_ssize_t region_bytes(Py_ssize_t P, int mode) noexcept nogil:
+    """The last region of the workspace: tile depth ranges (bilinear), or one block of
+    nearest's voxel offsets, grad_output offsets and depth indices (threaded nearest)."""
+    if mode == MODE_NEAREST:
+        return 3 * min(P, <Py_ssize_t>NBLOCK) * sizeof(Py_ssize_t)
+    return 2 * ((P + TILE - 1) // TILE) * sizeof(Py_ssize_t)
 
 
 cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
@@ -519,38 +535,18 @@ cdef inline unsigned char corner_bits(unsigned char fx, unsigned char fy,
     return gs3d_corners_x[fx & 7] & gs3d_corners_y[fy & 7] & gs3d_corners_z[fz & 7]
 
 
-cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
-                     Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx,
-                     bint do_dg, bint own_all, Tile* t) noexcept nogil:
-    """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n``.
-
-    Passes: read the tile's coordinates, map each axis for the whole tile (map_axis), combine
-    the axes point by point into offsets and corner masks, then the per-axis weights and the
-    eight corner weights as loops over the whole tile.  Weights are computed in the compute
-    type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
-    exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
-    through (at most prefetched, which cannot fault).
-    """
+cdef void tile_points(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t p0, int cnt,
+                      bint mapped, Tile* t) noexcept nogil:
+    """The output points [p0, p0 + cnt) of batch item ``n``: their grad_output / output
+    offsets (``t.ob``) and grid_grad offsets (``t.oq``), and with ``mapped`` their coordinates
+    mapped along each axis (map_axis into ``t.fr``, ``t.mult``, ``t.fi``, ``t.fl``)."""
     cdef Cursor cur
-    cdef Py_ssize_t qo, go, oo, qc = g.qs[4], key, x0, y0, z0
-    cdef int i, j
-    cdef unsigned char fx, fy, fz, vd, valid, slab
-    cdef bint all_planes
-    cdef double* fr
-    cdef double* fa
-    cdef double* fb
-    cdef double* mu
+    cdef Py_ssize_t qo, go, oo, qc = g.qs[4]
+    cdef int i
     cdef int hk = g.half_kind
-    cdef bint nearest = g.mode == MODE_NEAREST
     cdef double* cx = t.cx
     cdef double* cy = &t.cx[TILE]
     cdef double* cz = &t.cx[2 * TILE]
-    for j in range(8):
-        # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
-        t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
-        t.ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
-    row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
-    row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
     cursor_start(&cur, g, p0)
     qo = cursor_offset(&cur, g.qs, n)
     go = cursor_offset(&cur, g.gs, n)
@@ -568,15 +564,75 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
                 qo = cursor_offset(&cur, g.qs, n)
                 go = cursor_offset(&cur, g.gs, n)
                 oo = cursor_offset(&cur, g.os, n)
-        cx[i] = ld(q, qo, hk)
-        cy[i] = ld(q, qo + qc, hk)
-        cz[i] = ld(q, qo + 2 * qc, hk)
+        if mapped:
+            cx[i] = ld(q, qo, hk)
+            cy[i] = ld(q, qo + qc, hk)
+            cz[i] = ld(q, qo + 2 * qc, hk)
         t.ob[i] = go
         t.oq[i] = oo
-    map_axis(cx, cnt, g.W, g, t.fr, t.mult, t.fi, t.fl, t.tmp)
-    map_axis(cy, cnt, g.H, g, &t.fr[TILE], &t.mult[TILE], &t.fi[TILE], &t.fl[TILE], t.tmp)
-    map_axis(cz, cnt, g.D, g, &t.fr[2 * TILE], &t.mult[2 * TILE], &t.fi[2 * TILE],
-             &t.fl[2 * TILE], t.tmp)
+    if mapped:
+        map_axis(cx, cnt, g.W, g, t.fr, t.mult, t.fi, t.fl, t.tmp)
+        map_axis(cy, cnt, g.H, g, &t.fr[TILE], &t.mult[TILE], &t.fi[TILE], &t.fl[TILE], t.tmp)
+        map_axis(cz, cnt, g.D, g, &t.fr[2 * TILE], &t.mult[2 * TILE], &t.fi[2 * TILE],
+                 &t.fl[2 * TILE], t.tmp)
+
+
+cdef void setup_nearest(const store_t* q, Geo* g, Py_ssize_t* As, Py_ssize_t n, Py_ssize_t p0,
+                        int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx, bint do_dg,
+                        bint own_all, Tile* t) noexcept nogil:
+    """setup_tile for nearest: the one voxel each point reads or scatters to (input offset
+    ``t.xb``, accumulator offset ``t.ab``; ``t.vs`` 1 when it is in bounds, in the slab
+    [zlo, zhi) and ``do_dx``) and the points whose (zero) grid gradient this call writes
+    (``t.own``).  Weights are all 1, so none are stored."""
+    cdef int i
+    cdef unsigned char ok
+    cdef Py_ssize_t x0, y0, z0
+    tile_points(q, g, n, p0, cnt, True, t)
+    for i in range(cnt):
+        # corner 0 (the rounded index) in bounds on every axis
+        ok = t.fl[i] & t.fl[TILE + i] & t.fl[2 * TILE + i] & (AX_OK | AX_IN0)
+        x0 = <Py_ssize_t>t.fi[i]
+        y0 = <Py_ssize_t>t.fi[TILE + i]
+        z0 = <Py_ssize_t>t.fi[2 * TILE + i]
+        t.xb[i] = n * g.xs[0] + z0 * g.xs[1] + y0 * g.xs[2] + x0 * g.xs[3]
+        t.ab[i] = z0 * As[0] + y0 * As[1] + x0 * As[2]
+        t.vs[i] = do_dx and ok == (AX_OK | AX_IN0) and zlo <= z0 < zhi
+    if not do_dg or own_all:
+        memset(t.own, 1 if do_dg else 0, cnt)
+    else:
+        for i in range(cnt):
+            t.own[i] = zlo <= key_of(t.fl[2 * TILE + i] & AX_OK, <Py_ssize_t>t.fi[2 * TILE + i],
+                                     g.D) < zhi
+
+
+cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
+                     Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx,
+                     bint do_dg, bint own_all, Tile* t) noexcept nogil:
+    """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n``.
+
+    Passes: read the tile's coordinates, map each axis for the whole tile (map_axis), combine
+    the axes point by point into offsets and corner masks, then the per-axis weights and the
+    eight corner weights as loops over the whole tile.  Weights are computed in the compute
+    type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
+    exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
+    through (at most prefetched, which cannot fault).
+    """
+    cdef Py_ssize_t key, x0, y0, z0
+    cdef int i, j
+    cdef unsigned char fx, fy, fz, vd, valid, slab
+    cdef bint all_planes
+    cdef double* fr
+    cdef double* fa
+    cdef double* fb
+    cdef double* mu
+    cdef bint nearest = g.mode == MODE_NEAREST
+    for j in range(8):
+        # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
+        t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
+        t.ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
+    row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
+    row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
+    tile_points(q, g, n, p0, cnt, True, t)
     # combine the axes: offsets and corner masks point by point (integer work), then weights,
     # factors and corner weights in vectorisable passes over the tile
     all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
@@ -671,6 +727,42 @@ cdef inline void grid_grad_of(Tile* t, int i, const acc_t* dots, int dstride, st
 # forward
 # ---------------------------------------------------------------------------------------------
 
+cdef void nearest_forward_tile(const store_t* x, const store_t* q, store_t* out, Geo* g, Tile* t,
+                               Py_ssize_t n, Py_ssize_t p0, int cnt, acc_t* type_only) noexcept nogil:
+    """forward_tile for nearest: out = 0 + x[voxel] per channel (the general loop's sum of one
+    weight-1 corner, bitwise), 0 for a point out of bounds; ``type_only`` selects the compute
+    type."""
+    cdef Py_ssize_t As[4]
+    cdef Py_ssize_t c, C = g.C, xc = g.xs[4], oc = g.gs[4], pn
+    cdef int i
+    cdef acc_t s
+    cdef int hk = g.half_kind
+    As[0] = As[1] = As[2] = As[3] = 0
+    setup_nearest(q, g, As, n, p0, cnt, 0, g.D, True, False, True, t)
+    if xc == 1 and oc == 1:
+        pn = C * <Py_ssize_t>sizeof(store_t)
+        for i in range(min(cnt, <int>AHEAD)):
+            if t.vs[i]:
+                prefetch_span(<const char*>&x[t.xb[i]], 0, pn, False)
+        for i in range(cnt):
+            if i + AHEAD < cnt and t.vs[i + AHEAD]:
+                prefetch_span(<const char*>&x[t.xb[i + AHEAD]], 0, pn, False)
+            if t.vs[i]:
+                for c in range(C):
+                    s = 0
+                    st(out, t.ob[i] + c, s + <acc_t>ld(x, t.xb[i] + c, hk), hk)
+            else:
+                for c in range(C):
+                    st(out, t.ob[i] + c, <acc_t>0, hk)
+        return
+    for c in range(C):
+        for i in range(cnt):
+            s = 0
+            if t.vs[i]:
+                s = s + <acc_t>ld(x, t.xb[i] + c * xc, hk)
+            st(out, t.ob[i] + c * oc, s, hk)
+
+
 cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* scratch, Geo* g,
                        Tile* t, Py_ssize_t n, Py_ssize_t p0, int cnt, acc_t* obuf) noexcept nogil:
     """Forward for the points [p0, p0 + cnt) of batch item ``n``: for every channel,
@@ -688,6 +780,9 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t* r
     cdef int hk = g.half_kind
     As[0] = As[1] = As[2] = As[3] = 0
+    if g.mode == MODE_NEAREST:
+        nearest_forward_tile(x, q, out, g, t, n, p0, cnt, scratch)
+        return
     if store_t is float:
         if g.simd_gather:
             gs3d_forward_gather_avx2(&x[n * g.xs[0]], g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D,
@@ -1160,6 +1255,119 @@ cdef inline void axpy_channels(acc_t* A, Py_ssize_t off, Py_ssize_t ac, acc_t w,
             A[off + c * ac] += w * go[c]
 
 
+cdef inline void nearest_zero_grid_grad(store_t* dq, Geo* g, Tile* t, int cnt,
+                                        acc_t* type_only) noexcept nogil:
+    """Nearest's grid gradient, +0, for the points of the tile this call owns (``t.own``)."""
+    cdef Py_ssize_t qc = g.os[4]
+    cdef int i
+    cdef int hk = g.half_kind
+    for i in range(cnt):
+        if t.own[i]:
+            st(dq, t.oq[i], <acc_t>0, hk)
+            st(dq, t.oq[i] + qc, <acc_t>0, hk)
+            st(dq, t.oq[i] + 2 * qc, <acc_t>0, hk)
+
+
+cdef void nearest_scatter(const store_t* grad, acc_t* A, Py_ssize_t* As, Geo* g,
+                          const Py_ssize_t* ab, const Py_ssize_t* ob, const unsigned char* use,
+                          int cnt, acc_t* go) noexcept nogil:
+    """A[ab[i] + c * As[3]] += grad[ob[i] + c * gc] for every channel of the points i < cnt
+    (at most TILE) with ``use[i]``, in point order (``go``: C values of scratch)."""
+    cdef Py_ssize_t c, C = g.C, gc = g.gs[4], ac = As[3], pn
+    cdef int i, m, k
+    cdef int lst[TILE]
+    cdef int hk = g.half_kind
+    cdef const acc_t* gp
+    # the points used, listed first: the loops below then have no data-dependent branch
+    # (a quarter of the points of a random grid fall outside)
+    k = 0
+    for i in range(cnt):
+        lst[k] = i
+        k += use[i] != 0
+    pn = (C if ac == 1 else 1) * <Py_ssize_t>sizeof(acc_t)
+    for m in range(min(k, <int>AHEAD)):
+        prefetch_span(<const char*>&A[ab[lst[m]]], 0, pn, True)
+    if C == 1:
+        for m in range(k):
+            if m + AHEAD < k:
+                gs3d_prefetch_w(&A[ab[lst[m + AHEAD]]])
+            i = lst[m]
+            A[ab[i]] += <acc_t>ld(grad, ob[i], hk)
+    elif ac == 1 and gc == 1:
+        # channels contiguous in both: one row per point
+        for m in range(k):
+            if m + AHEAD < k:
+                prefetch_span(<const char*>&A[ab[lst[m + AHEAD]]], 0, pn, True)
+            i = lst[m]
+            if (store_t is float and acc_t is float) or (store_t is double and acc_t is double):
+                gp = <const acc_t*>&grad[ob[i]]
+            else:
+                load_channels(grad, ob[i], C, hk, go)
+                gp = go
+            axpy_channels(A, ab[i], 1, 1, gp, C)
+    else:
+        # channels outermost: each channel's grad_output values of the points are one run
+        # (NCDHW), and their accumulator rows (channels-last copy) or planes stay in cache
+        for m in range(AHEAD, k):
+            prefetch_span(<const char*>&A[ab[lst[m]]], 0, pn, True)
+        for c in range(C):
+            for m in range(k):
+                i = lst[m]
+                A[ab[i] + c * ac] += <acc_t>ld(grad, ob[i] + c * gc, hk)
+
+
+cdef void nearest_backward_tile(const store_t* grad, const store_t* q, store_t* dq, acc_t* A,
+                                Py_ssize_t* As, acc_t* go, Geo* g, Tile* t, Py_ssize_t n,
+                                Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi,
+                                bint do_dx, bint do_dg, bint own_all) noexcept nogil:
+    """backward_tile for nearest.  The grid gradient is +0; each point in bounds adds its
+    grad_output channels to the one input-gradient voxel it read (weight 1, so the sum is that
+    of the general loop bitwise), in point order.  The input is not read at all."""
+    if do_dx:
+        setup_nearest(q, g, As, n, p0, cnt, zlo, zhi, True, do_dg, own_all, t)
+    else:
+        # grid gradient only: the coordinates do not matter
+        tile_points(q, g, n, p0, cnt, False, t)
+        memset(t.own, 1, cnt)
+    if do_dg:
+        nearest_zero_grid_grad(dq, g, t, cnt, A)
+    if do_dx:
+        nearest_scatter(grad, A, As, g, t.ab, t.ob, t.vs, cnt, go)
+
+
+cdef void nearest_index_tile(const store_t* q, store_t* dq, Geo* g, Py_ssize_t* As, Tile* t,
+                             Py_ssize_t n, Py_ssize_t p0, int cnt, bint do_dg, Py_ssize_t* bo,
+                             Py_ssize_t bs, acc_t* type_only) noexcept nogil:
+    """The first phase of the threaded nearest backward, for the points [p0, p0 + cnt): their
+    accumulator offset (-1 when out of bounds), grad_output offset and depth index into
+    ``bo[0:cnt]``, ``bo[bs:bs + cnt]`` and ``bo[2 * bs:2 * bs + cnt]``, and their grid
+    gradient (+0)."""
+    cdef int i
+    setup_nearest(q, g, As, n, p0, cnt, 0, g.D, True, do_dg, True, t)
+    if do_dg:
+        nearest_zero_grid_grad(dq, g, t, cnt, type_only)
+    for i in range(cnt):
+        bo[i] = t.ab[i] if t.vs[i] else -1
+        bo[bs + i] = t.ob[i]
+        bo[2 * bs + i] = <Py_ssize_t>t.fi[2 * TILE + i]
+
+
+cdef void nearest_scatter_slab(const store_t* grad, acc_t* A, Py_ssize_t* As, Geo* g, Tile* t,
+                               const Py_ssize_t* bo, Py_ssize_t bs, Py_ssize_t cnt,
+                               Py_ssize_t zlo, Py_ssize_t zhi, acc_t* go) noexcept nogil:
+    """The second phase: the points of a block (``bo`` from nearest_index_tile) whose voxel
+    lies in the depth slab [zlo, zhi), in point order, TILE at a time."""
+    cdef Py_ssize_t p0, i
+    cdef int k
+    p0 = 0
+    while p0 < cnt:
+        k = <int>min(<Py_ssize_t>TILE, cnt - p0)
+        for i in range(k):
+            t.vs[i] = bo[p0 + i] >= 0 and zlo <= bo[2 * bs + p0 + i] < zhi
+        nearest_scatter(grad, A, As, g, &bo[p0], &bo[bs + p0], t.vs, k, go)
+        p0 += k
+
+
 cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                         acc_t* A, Py_ssize_t* As, acc_t* go, acc_t* dots, Geo* g, Tile* t,
                         Py_ssize_t n, Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi,
@@ -1185,6 +1393,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef acc_t w8[8]
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
+    if not bilinear:
+        nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
+                              own_all)
+        return
     if store_t is float and acc_t is float:
         if g.simd_gather:
             ba.x, ba.A, ba.go, ba.dq = &x[n * g.xs[0]], A, &grad[n * g.gs[0] + p0 * g.op], \
@@ -1460,6 +1672,36 @@ cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_
         t += 1
 
 
+cdef void nearest_slabs(const store_t* grad, const store_t* q, store_t* dq, acc_t* A,
+                        Py_ssize_t* As, acc_t* scratch, Py_ssize_t srow, Geo* g, Tile* tiles,
+                        Py_ssize_t n, const Py_ssize_t* bounds, int nt, bint do_dg, store_t* dx,
+                        bint store, Py_ssize_t* bo) noexcept nogil:
+    """The threaded nearest backward of batch item n on ``nt`` threads, slab t being depth
+    planes [bounds[t], bounds[t + 1]): zero the slabs, then, NBLOCK points at a time, map the
+    points in parallel (nearest_index_tile into ``bo``) and scatter them slab by slab
+    (nearest_scatter_slab), then with ``store`` write the slabs into ``dx``.  Every voxel gets
+    its contributions in point order, as on one thread.  ``bo`` holds 3 * bs values, bs =
+    min(P, NBLOCK) (region_bytes)."""
+    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, b0, bn, ci, t
+    cdef Py_ssize_t bs = min(P, <Py_ssize_t>NBLOCK)
+    for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
+        zero_planes(A, As, g, bounds[t], bounds[t + 1])
+    b0 = 0
+    while b0 < P:
+        bn = min(bs, P - b0)
+        for ci in prange((bn + TILE - 1) // TILE, schedule='static', num_threads=nt):
+            nearest_index_tile(q, dq, g, As, &tiles[threadid()], n, b0 + ci * TILE,
+                               <int>min(<Py_ssize_t>TILE, bn - ci * TILE), do_dg, &bo[ci * TILE],
+                               bs, scratch)
+        for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
+            nearest_scatter_slab(grad, A, As, g, &tiles[threadid()], bo, bs, bn, bounds[t],
+                                 bounds[t + 1], &scratch[threadid() * srow])
+        b0 += bn
+    if store:
+        for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
+            store_planes(A, As, dx, g, n, bounds[t], bounds[t + 1])
+
+
 def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp,
              const store_t[:, :, :, :, :] grid, store_t[:, :, :, :, :] dx,
              store_t[:, :, :, :, :] dgrid, acc_t[:, :, :, :] dx_acc, acc_t[:, ::1] scratch,
@@ -1494,7 +1736,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     if want_dx and half_acc and (dx_acc.shape[0] < g.D or dx_acc.shape[1] < g.H
                                  or dx_acc.shape[2] < g.W or dx_acc.shape[3] < g.C):
         raise ValueError("dx accumulator too small")
-    if workspace.shape[0] < workspace_bytes(nthreads, g.D, P):
+    if workspace.shape[0] < workspace_bytes(nthreads, g.D, P, mode):
         raise ValueError("workspace too small")
     dshape[0], dshape[1], dshape[2], dshape[3] = (dx_acc.shape[0], dx_acc.shape[1],
                                                   dx_acc.shape[2], dx_acc.shape[3])
@@ -1542,8 +1784,9 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
             and dacc_shape[3] == g.C
         for z in range(4):
             cl = cl and (dims[z] <= 1 or g.as_[z] == Acl[z])
-        in_dx = dense_strides(&g.ds[1], dims, 4)
-    if cl and not in_dx:
+        # (nearest's backward never reads the input: no copy of it anywhere)
+        in_dx = dense_strides(&g.ds[1], dims, 4) and g.mode == MODE_BILINEAR
+    if cl and not in_dx and g.mode == MODE_BILINEAR:
         cl = nxcl >= g.D * g.H * g.W * g.C
     if store_t is float:
         if not cl:
@@ -1574,7 +1817,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     else:
         for n in range(g.N):
             xin = x
-            if cl:
+            if cl and g.mode == MODE_BILINEAR:
                 # channels-last copy of input[n]: in dx[n]'s own memory (overwritten at the
                 # end anyway) when it is one block, else in xcl
                 xT = &dx[n * g.ds[0]] if in_dx else xcl
@@ -1606,6 +1849,9 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                               bounds[0], bounds[1], want_dg, dx, store, NULL)
                     if cl and in_dx:
                         store_planes(A, As, dx, gp, n, 0, g.D)
+                elif g.mode == MODE_NEAREST:
+                    nearest_slabs(grad, q, dgrid, A, As, scratch, srow, gp, tiles, n, bounds, nt,
+                                  want_dg, dx, store, hull)
                 else:
                     for ci in prange(ntiles, schedule='static', num_threads=nt):
                         tile_planes(q, gp, n, ci, hull)
@@ -1677,7 +1923,7 @@ cdef class BackwardRunner(_Locked):
         check_buffer(dx_acc, acc_size, False)
         check_buffer(dummy_dx, dtype.itemsize, True)
         check_buffer(dummy_dg, dtype.itemsize, True)
-        if workspace.size < workspace_bytes(nthreads, D, P):
+        if workspace.size < workspace_bytes(nthreads, D, P, mode):
             raise ValueError("workspace too small")
         if (dx_acc.ndim != 4 or (<object>dummy_dx).shape != (1,) * 5
                 or (<object>dummy_dg).shape != (1, 1, 1, 1, 3)):
