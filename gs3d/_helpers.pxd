@@ -179,6 +179,38 @@ cdef extern from *:
     GS3D_CHANNEL_LOOPS(float, f)
     GS3D_CHANNEL_LOOPS(double, d)
     #undef GS3D_CHANNEL_LOOPS
+    /* The same dot product with 16-bit x (float16 when bf is 0, else bfloat16), eight
+       channels converted at once (both exact) and summed as one vector: the lanes and the tree
+       of gs3d_dot_f, so the bits of dot_channels' scalar loop.  AVX2 + F16C build only. */
+    #if defined(__AVX2__) && defined(__F16C__)
+    #define GS3D_HAVE_HALF_DOT 1
+    static inline float gs3d_dot_h(const float* __restrict go, const uint16_t* __restrict x,
+                                   Py_ssize_t C, int bf) {
+        __m256 acc = _mm256_setzero_ps(), xv;
+        __m128i h;
+        float s[8];
+        Py_ssize_t c = 0;
+        for (; c + 8 <= C; c += 8) {
+            h = _mm_loadu_si128((const __m128i*)(x + c));
+            xv = bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                    : _mm256_cvtph_ps(h);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(go + c), xv));
+        }
+        _mm256_storeu_ps(s, acc);
+        for (; c < C; c++) {
+            uint32_t u = (uint32_t)x[c] << 16;
+            float v;
+            if (bf) memcpy(&v, &u, 4); else v = _cvtsh_ss(x[c]);
+            s[0] = s[0] + go[c] * v;
+        }
+        return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
+    }
+    #else
+    #define GS3D_HAVE_HALF_DOT 0
+    static inline float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) {
+        (void)go; (void)x; (void)C; (void)bf; return 0.0f;
+    }
+    #endif
     /* The float32 forward under bilinear zeros/border padding, eight points per step with
        AVX2 (the AVX2 build only; GS3D_HAVE_SIMD_GATHER says whether it is there).  It
        gives the bits of setup_tile + forward_tile: each axis mapped in double as gs3d_axis1
@@ -591,6 +623,8 @@ cdef extern from *:
                               int align, int border) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
+    int GS3D_HAVE_HALF_DOT
+    float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil
     void gs3d_axpy_d(double* a, double w, const double* go, Py_ssize_t C) noexcept nogil
     const unsigned char* gs3d_corners_x

@@ -50,6 +50,7 @@ from gs3d._helpers cimport (
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
+    GS3D_HAVE_HALF_DOT, gs3d_dot_h,
 )
 
 ctypedef fused store_t:
@@ -1215,6 +1216,9 @@ cdef inline acc_t dot_channels(const acc_t* go, const store_t* x, Py_ssize_t off
             return gs3d_dot_f(go, &x[off], C)
         elif store_t is double and acc_t is double:
             return gs3d_dot_d(go, &x[off], C)
+        elif not (store_t is double or store_t is float) and acc_t is float:
+            if GS3D_HAVE_HALF_DOT:
+                return gs3d_dot_h(go, &x[off], C, hk == HALF_BF16)
     for l in range(8):
         s[l] = 0
     if xc == 1:

@@ -213,9 +213,10 @@ def _run_with(module, fn):
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
 def test_simd_variants_agree_bitwise(layout, dtype):
-    """The AVX2 build (runtime dispatch) and the baseline build give the same bits."""
+    """The AVX2 build (runtime dispatch) and the baseline build give the same bits (the
+    16-bit dot products of the AVX2 build, gs3d_dot_h, included)."""
     g, x, q = _case(np.random.default_rng(5), dtype, layout)
     g = np.repeat(g, 6, axis=1 if layout == "NCDHW" else 4)     # C = 18: vector loops + tail
     x = np.repeat(x, 6, axis=1 if layout == "NCDHW" else 4)
@@ -502,3 +503,32 @@ def test_channels_last_copy_lives_in_sliced_input_grad():
         # scratch of the call: the channels-last accumulator (one item), the grid gradient,
         # and with a strided item the input copy (one item more)
         assert (peak > 2.5 * item) == extra_ok, (peak, item)
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_channel_dot_keeps_its_lane_order(layout, dtype):
+    """In channel lanes 0 and 4, products of +-2^22 that cancel only when those lanes are
+    summed first (lane_sum's tree); lane 1 carries a small term that is lost in any other
+    order.  The grid gradient must be the small term's, in both builds (the 16-bit dot of the
+    AVX2 build included)."""
+    from gs3d import reference
+    from conftest import TOLERANCE, rel_err
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(9)
+    x = np.zeros((1, 16, 6, 6, 6))
+    x[:, 0], x[:, 4] = 2048.0, -2048.0
+    x[:, 1] = rng.uniform(-0.2, 0.2, (1, 6, 6, 6))
+    g = np.zeros((1, 16, 5, 5, 5))
+    g[:, 0] = g[:, 4] = 2048.0
+    g[:, 1] = 1.0
+    q = rng.uniform(-0.9, 0.9, (1, 5, 5, 5, 3))
+    x, g, q = (a.astype(dt) for a in (x, g, q))
+    if layout == "NDHWC":
+        x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
+    f64 = lambda a: a.astype(np.float64)
+    _, want = reference.grid_sample_3d_backward(f64(g), f64(x), f64(q), layout=layout)
+    assert np.abs(want).max() > 0.01
+    for m in _kernel_modules():
+        _, dg = _run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout))
+        assert rel_err(dg, want) <= TOLERANCE[dtype], m.__name__
