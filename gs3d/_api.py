@@ -120,9 +120,14 @@ class _Resources:
         if want_dx and self.cl:
             self.dx_acc = np.empty((D, H, W, pb.C), dtype=acc)
         elif want_dx and pb.kind in _HALF_KIND:
-            # float32 accumulator for one batch item, in the memory order of input_grad
-            self.dx_acc = _ndhwc(np.empty(volume_shape(1, pb.C, (D, H, W), pb.channels_last),
-                                          dtype=acc), pb.channels_last)[0]
+            # float32 accumulators in the memory order of input_grad: one per thread when
+            # every thread gets whole batch items (N >= threads: at most the size of one
+            # float32 input_grad), else one for the batch item all threads share
+            k = nt if 1 < nt <= pb.N else 1
+            self.dx_acc = _ndhwc(np.empty(volume_shape(k, pb.C, (D, H, W), pb.channels_last),
+                                          dtype=acc), pb.channels_last)
+            if k == 1:
+                self.dx_acc = self.dx_acc[0]
         else:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         # (nearest's backward never reads the input, so it makes no copy of it)

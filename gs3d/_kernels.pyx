@@ -1725,7 +1725,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     """
     cdef Geo g
     cdef Py_ssize_t isz = sizeof(store_t), P
-    cdef Py_ssize_t dshape[4]
+    cdef Py_ssize_t dshape[6]
     cdef bint half_acc = not (store_t is double or store_t is float)
     init_geo(&g, inp, grid, scratch, mode, padding, align, half_kind)
     fill_strides(g.gs, grad.shape, grad.strides, isz, 5)
@@ -1742,6 +1742,7 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
         raise ValueError("dx accumulator too small")
     if workspace.shape[0] < workspace_bytes(nthreads, g.D, P, mode):
         raise ValueError("workspace too small")
+    dshape[4], dshape[5] = 1, 0          # one accumulator (see backward_run)
     dshape[0], dshape[1], dshape[2], dshape[3] = (dx_acc.shape[0], dx_acc.shape[1],
                                                   dx_acc.shape[2], dx_acc.shape[3])
     with nogil:
@@ -1758,7 +1759,9 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                        int nthreads) noexcept nogil:
     """The body of ``backward`` on raw pointers: ``g`` filled (with the grad_output, grid_grad,
     input_grad and accumulator strides), sizes checked, N > 0 and a gradient wanted;
-    ``dacc`` the accumulator of shape ``dacc_shape``, ``scratch`` rows of ``srow`` values,
+    ``dacc`` the accumulator of shape ``dacc_shape[0:4]``, repeated ``dacc_shape[4]`` times
+    every ``dacc_shape[5]`` elements (16-bit storage with several: one per thread, each
+    thread running whole batch items), ``scratch`` rows of ``srow`` values,
     ``xcl`` of ``nxcl`` elements."""
     cdef Geo gT
     cdef Geo* gp
@@ -1808,16 +1811,22 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cost = <double*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)]
     hull = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)
                                    + g.D * sizeof(double)]
-    if want_dx and not half_acc and not cl and nthreads > 1 and g.N >= nthreads:
+    if (want_dx and not cl and nthreads > 1 and g.N >= nthreads
+            and (not half_acc or dacc_shape[4] >= nthreads)):
         # enough batch items for every thread: each item is the serial loop on one thread
-        # (its own dx[n], all depth planes), so results are those of one thread, and no
-        # thread repeats another's tile set-up (which depth slabs do on random grids)
-        As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
+        # (its own dx[n], or for 16-bit storage the thread's own accumulator, all depth
+        # planes), so results are those of one thread, and no thread repeats another's tile
+        # set-up (which depth slabs do on random grids)
+        if half_acc:
+            As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
+        else:
+            As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
         for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
             slab_task(grad, x, q,
-                      dgrid, <acc_t*>&dx[n * g.ds[0]], As,
+                      dgrid, &dacc[threadid() * dacc_shape[5]] if half_acc
+                      else <acc_t*>&dx[n * g.ds[0]], As,
                       &scratch[threadid() * srow], g, &tiles[threadid()], n, 0, g.D, want_dg,
-                      dx, False, NULL)
+                      dx, half_acc, NULL)
     else:
         for n in range(g.N):
             xin = x
@@ -1897,7 +1906,7 @@ cdef class BackwardRunner(_Locked):
     cdef char* xcl_p
     cdef char* dacc_p
     cdef unsigned char* ws
-    cdef Py_ssize_t dacc_shape[4]
+    cdef Py_ssize_t dacc_shape[6]       # (D, H, W, C) of one accumulator, count, step
     cdef Py_ssize_t dacc_strides[4]
     cdef Py_ssize_t go_shape[5]
     cdef Py_ssize_t in_shape[5]
@@ -1913,7 +1922,7 @@ cdef class BackwardRunner(_Locked):
         accumulator is needed), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
         uint8, ``xcl`` the channels-last input copy (or a dummy), and one-element 5-D dummies
         of the storage type for the gradients not wanted.  Once only."""
-        cdef Py_ssize_t k, C, D, H, W, P, acc_size = 8 if dtype.itemsize == 8 else 4
+        cdef Py_ssize_t k, a0, C, D, H, W, P, acc_size = 8 if dtype.itemsize == 8 else 4
         copy_shape(grad_output_shape, self.go_shape)
         copy_shape(input_shape, self.in_shape)
         copy_shape(grid_shape, self.grid_shape)
@@ -1929,18 +1938,32 @@ cdef class BackwardRunner(_Locked):
         check_buffer(dummy_dg, dtype.itemsize, True)
         if workspace.size < workspace_bytes(nthreads, D, P, mode):
             raise ValueError("workspace too small")
-        if (dx_acc.ndim != 4 or (<object>dummy_dx).shape != (1,) * 5
+        if (dx_acc.ndim not in (4, 5) or (<object>dummy_dx).shape != (1,) * 5
                 or (<object>dummy_dg).shape != (1, 1, 1, 1, 3)):
-            raise ValueError("dx_acc is 4-D, the dummies (1, 1, 1, 1, 1) and (1, 1, 1, 1, 3)")
-        if want_dx and dtype.itemsize == 2 and (dx_acc.shape[0] < D or dx_acc.shape[1] < H
-                                                or dx_acc.shape[2] < W or dx_acc.shape[3] < C):
-            raise ValueError("dx accumulator too small")
-        for k in range(4):
-            self.dacc_shape[k] = dx_acc.shape[k]
+            raise ValueError("dx_acc is 4-D or 5-D, the dummies (1, 1, 1, 1, 1) and "
+                             "(1, 1, 1, 1, 3)")
+        # 5-D: (count, D, H, W, C), one dense accumulator after the other (16-bit storage)
+        a0 = dx_acc.ndim - 4
+        for k in range(dx_acc.ndim):
             if dx_acc.strides[k] % dx_acc.itemsize:
                 raise ValueError("dx_acc strides must be multiples of its item size")
-        fill_strides(self.dacc_strides, <Py_ssize_t*>cnp.PyArray_DIMS(dx_acc),
-                     <Py_ssize_t*>cnp.PyArray_STRIDES(dx_acc), dx_acc.itemsize, 4)
+        for k in range(4):
+            self.dacc_shape[k] = dx_acc.shape[a0 + k]
+        fill_strides(self.dacc_strides, <Py_ssize_t*>cnp.PyArray_DIMS(dx_acc) + a0,
+                     <Py_ssize_t*>cnp.PyArray_STRIDES(dx_acc) + a0, dx_acc.itemsize, 4)
+        self.dacc_shape[4], self.dacc_shape[5] = 1, 0
+        if a0:
+            self.dacc_shape[4] = dx_acc.shape[0]
+            self.dacc_shape[5] = dx_acc.strides[0] // dx_acc.itemsize
+            if not (dtype.itemsize == 2 and dense_strides(self.dacc_strides, self.dacc_shape, 4)
+                    and self.dacc_shape[5] == (self.dacc_shape[0] * self.dacc_shape[1]
+                                               * self.dacc_shape[2] * self.dacc_shape[3])):
+                raise ValueError("a 5-D dx_acc is for 16-bit storage: dense accumulators, one "
+                                 "after the other")
+        if want_dx and dtype.itemsize == 2 and (self.dacc_shape[0] < D or self.dacc_shape[1] < H
+                                                or self.dacc_shape[2] < W
+                                                or self.dacc_shape[3] < C):
+            raise ValueError("dx accumulator too small")
         self.bind_common(dtype, channels_last, scratch, C + SCRATCH_EXTRA, mode, padding, align,
                          half_kind, nthreads)
         self.workspace, self.dacc = workspace, dx_acc

@@ -131,7 +131,11 @@ def test_backward_runner_matches_memoryview_entry_and_guards_memory(dtype, layou
     st = (lambda a: a.view(np.uint16)) if half else (lambda a: a)
     perm = (lambda a: a) if layout == "NDHWC" else (lambda a: a.transpose(0, 2, 3, 4, 1))
     dx2, dg2 = np.full(x.shape, 7, x.dtype), np.full(q.shape, 7, q.dtype)
-    _api._kernels.backward(perm(st(g)), perm(st(x)), st(q), perm(st(dx2)), st(dg2), res.dx_acc,
+    # (the typed-memoryview entry takes one accumulator; the runner got one per thread for
+    # 16-bit storage, as N >= threads here)
+    acc = res.dx_acc[0] if res.dx_acc.ndim == 5 else res.dx_acc
+    assert res.dx_acc.ndim == (5 if half else 4)
+    _api._kernels.backward(perm(st(g)), perm(st(x)), st(q), perm(st(dx2)), st(dg2), acc,
                            res.scratch, res.workspace, 0, 1, False, res.half_kind, True, True,
                            2, res.xcl)
     assert np.array_equal(st(dx), st(dx2)) and np.array_equal(st(dg), st(dg2))
@@ -532,3 +536,39 @@ def test_half_channel_dot_keeps_its_lane_order(layout, dtype):
     for m in _kernel_modules():
         _, dg = _run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout))
         assert rel_err(dg, want) <= TOLERANCE[dtype], m.__name__
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_batch_items_on_their_own_accumulators(layout, dtype):
+    """16-bit storage with at least as many batch items as threads: each thread accumulates
+    whole items in its own float32 accumulator (together at most one float32 input_grad).
+    The bits are those of one thread, and the result is the reference's."""
+    from gs3d import _api, reference
+    from gs3d._validation import check_problem
+    from conftest import TOLERANCE, rel_err, to_layout
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(12)
+    N, C = 4, 5
+    x = to_layout(rng.standard_normal((N, C, 3, 4, 3)).astype(dt), layout)
+    g = to_layout(rng.standard_normal((N, C, 6, 7, 8)).astype(dt), layout)
+    q = rng.uniform(-1.1, 1.1, (N, 6, 7, 8, 3)).astype(dt)
+    runs = [gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=t)
+            for t in (1, 2, 3, 4)]
+    for dx, dg in runs[1:]:
+        assert np.array_equal(dx.view(np.uint16), runs[0][0].view(np.uint16))
+        assert np.array_equal(dg.view(np.uint16), runs[0][1].view(np.uint16))
+    f64 = lambda a: a.astype(np.float64)
+    want = reference.grid_sample_3d_backward(f64(g), f64(x), f64(q), layout=layout)
+    assert rel_err(runs[2][0], want[0]) <= TOLERANCE[dtype]
+    assert rel_err(runs[2][1], want[1]) <= TOLERANCE[dtype]
+    pb = check_problem(x, q, g, "bilinear", "zeros", False, layout)
+    for nt, count in ((1, 1), (3, 3), (4, 4), (5, 1)):
+        res = _api._Resources(pb, nt, True, True)
+        assert (res.dx_acc.shape[0] if res.dx_acc.ndim == 5 else 1) == count
+        assert res.dx_acc.nbytes <= 4 * x.size
+    # a 5-D accumulator must be dense accumulators one after the other
+    res = _api._Resources(pb, 2, True, True)
+    res.dx_acc = res.dx_acc[:, ::-1]
+    with pytest.raises(ValueError, match="5-D dx_acc"):
+        _api._bind_backward_runner(res, x.dtype, True, True)
