@@ -205,7 +205,52 @@ cdef extern from *:
         }
         return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
     }
+    /* n float32 values rounded into 16-bit storage (float16 when bf is 0, else bfloat16),
+       eight at a time: the bits of f32_to_f16 / f32_to_bf16 (round to nearest even; a NaN
+       becomes, in float16, the quiet NaN of its sign, in bfloat16 its top half made quiet) */
+    static inline void gs3d_store_h(const float* __restrict a, uint16_t* __restrict d,
+                                    Py_ssize_t n, int bf) {
+        Py_ssize_t i = 0;
+        int k, nan;
+        uint32_t u;
+        const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+        for (; i + 8 <= n; i += 8) {
+            __m256 v = _mm256_loadu_ps(a + i);
+            nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+            if (bf) {
+                __m256i w = _mm256_castps_si256(v);
+                w = _mm256_add_epi32(w, _mm256_add_epi32(bias, _mm256_and_si256(
+                    _mm256_srli_epi32(w, 16), one)));
+                w = _mm256_srli_epi32(w, 16);
+                /* pack the low 16 bits of the eight lanes, in order */
+                w = _mm256_packus_epi32(w, w);
+                w = _mm256_permute4x64_epi64(w, 0x08);
+                _mm_storeu_si128((__m128i*)(d + i), _mm256_castsi256_si128(w));
+            } else {
+                _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+            }
+            for (k = 0; nan && k < 8; k++, nan >>= 1) {
+                if (nan & 1) {
+                    memcpy(&u, a + i + k, 4);
+                    d[i + k] = bf ? (uint16_t)((u >> 16) | 0x40)
+                                  : (uint16_t)(0x7e00 | ((u >> 16) & 0x8000));
+                }
+            }
+        }
+        for (; i < n; i++) {
+            memcpy(&u, a + i, 4);
+            if ((u & 0x7fffffffu) > 0x7f800000u)
+                d[i] = bf ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)(0x7e00 | ((u >> 16) & 0x8000));
+            else if (bf)
+                d[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+            else
+                d[i] = (uint16_t)_cvtss_sh(a[i], _MM_FROUND_TO_NEAREST_INT);
+        }
+    }
     #else
+    static inline void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) {
+        (void)a; (void)d; (void)n; (void)bf;
+    }
     #define GS3D_HAVE_HALF_DOT 0
     static inline float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) {
         (void)go; (void)x; (void)C; (void)bf; return 0.0f;
@@ -625,6 +670,7 @@ cdef extern from *:
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     int GS3D_HAVE_HALF_DOT
     float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) noexcept nogil
+    void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil
     void gs3d_axpy_d(double* a, double w, const double* go, Py_ssize_t C) noexcept nogil
     const unsigned char* gs3d_corners_x

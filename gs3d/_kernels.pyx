@@ -50,7 +50,7 @@ from gs3d._helpers cimport (
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
-    GS3D_HAVE_HALF_DOT, gs3d_dot_h,
+    GS3D_HAVE_HALF_DOT, gs3d_dot_h, gs3d_store_h,
 )
 
 ctypedef fused store_t:
@@ -1593,6 +1593,17 @@ cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize
                         A[o + c * As[3]] = 0
 
 
+cdef inline bint store_run(const acc_t* A, store_t* dx, Py_ssize_t cnt, int hk) noexcept nogil:
+    """Round ``cnt`` contiguous float32 accumulator values into contiguous 16-bit input_grad
+    eight at a time (gs3d_store_h: the bits of ``st``) where the build has it; False (nothing
+    done) otherwise."""
+    if not (store_t is double or store_t is float) and acc_t is float:
+        if GS3D_HAVE_HALF_DOT:
+            gs3d_store_h(A, dx, cnt, hk == HALF_BF16)
+            return True
+    return False
+
+
 cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_ssize_t n,
                        Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
     """Write the accumulator planes [zlo, zhi) into input_grad (batch item n), rounded once for
@@ -1620,11 +1631,17 @@ cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_s
                 for y in range(g.H):
                     o = c * As[3] + z * As[0] + y * As[1]
                     d = n * ds[0] + c * ds[4] + z * ds[1] + y * ds[2]
+                    if ds[3] == 1 and As[2] == 1 and store_run(&A[o], &dx[d], g.W, hk):
+                        continue
                     for xx in range(g.W):
                         st(dx, d + xx * ds[3], A[o + xx * As[2]], hk)
     else:
         for z in range(zlo, zhi):
             for y in range(g.H):
+                if (ds[4] == 1 and As[3] == 1 and ds[3] == g.C and As[2] == g.C
+                        and store_run(&A[z * As[0] + y * As[1]],
+                                      &dx[n * ds[0] + z * ds[1] + y * ds[2]], g.W * g.C, hk)):
+                    continue
                 for xx in range(g.W):
                     o = z * As[0] + y * As[1] + xx * As[2]
                     d = n * ds[0] + z * ds[1] + y * ds[2] + xx * ds[3]

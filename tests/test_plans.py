@@ -572,3 +572,71 @@ def test_half_batch_items_on_their_own_accumulators(layout, dtype):
     res.dx_acc = res.dx_acc[:, ::-1]
     with pytest.raises(ValueError, match="5-D dx_acc"):
         _api._bind_backward_runner(res, x.dtype, True, True)
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_input_grad_rounding_agrees_across_builds(layout, dtype):
+    """The rounding of the float32 accumulator into 16-bit input_grad (eight at a time in
+    the AVX2 build, gs3d_store_h) gives the baseline's bits on NaNs with payloads and signs,
+    infinities, overflow, subnormals and ties, for 1, 2 and 4 threads."""
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(13)
+    N, C = 2, 8
+    x = rng.standard_normal((N, C, 4, 5, 6)).astype(dt)
+    mag = 10.0 ** rng.uniform(-9, 5.5, (N, C, 5, 6, 7))
+    go = (rng.choice([-1.0, 1.0], mag.shape) * mag).astype(np.float32)
+    bits = go.view(np.uint32)
+    bits.flat[::11] = 0x7FC01234            # NaN with a payload
+    bits.flat[3::13] = 0xFFC00001           # negative NaN
+    go.flat[5::17] = np.inf
+    go.flat[6::19] = -np.inf
+    with np.errstate(over="ignore"):
+        go = go.astype(dt)
+    lin = [np.linspace(-1.1, 1.1, s) for s in (5, 6, 7)]
+    zz, yy, xx = np.meshgrid(*lin, indexing="ij")
+    q = np.stack([xx, yy, zz], -1)[None].repeat(N, 0).astype(dt)
+    if layout == "NDHWC":
+        x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
+    for t in (1, 2, 4):
+        results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(
+            go, x, q, layout=layout, num_threads=t, output_mask=(True, False))[0])
+            for m in _kernel_modules()]
+        u = [r.view(np.uint16) for r in results]
+        assert np.array_equal(u[0], u[1])
+        assert np.isnan(results[0].astype(np.float32)).any()
+        assert np.isinf(results[0].astype(np.float32)).any()
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_input_grad_ties_and_nan_payloads_agree_across_builds(layout, dtype):
+    """Two output points land exactly on each voxel of one plane (weights exactly 1), so the
+    float32 sums are exact ties between two 16-bit values with an odd last bit (round to
+    even must go up) or NaNs with payloads (float16 keeps only the quiet NaN of its sign,
+    bfloat16 keeps its top half): both builds give the same bits, and the ties round up."""
+    dt = np_dtype(dtype)
+    ulp = 2.0 ** (-7 if dtype == "bfloat16" else -10)     # of 1.0 in this dtype
+    S, C = 5, 8
+    x = np.ones((1, C, S, S, S), dt)
+    lin = np.linspace(-1.0, 1.0, S)                        # exact voxel centres (align)
+    yy, xx = np.meshgrid(lin, lin, indexing="ij")
+    q = np.stack([xx, yy, np.zeros_like(xx)], -1)[None, None].repeat(2, 1).astype(dt)
+    rng = np.random.default_rng(14)
+    low = -20 if dtype == "bfloat16" else -3               # float16: no subnormal terms
+    scale = 2.0 ** rng.integers(low, 10, (1, C, 1, S, S)) * rng.choice([-1, 1], (1, C, 1, S, S))
+    go = np.concatenate([(1 + ulp) * scale, 0.5 * ulp * scale], axis=2).astype(np.float32)
+    nan = np.array([0x7FE00000, 0xFFF00000], np.uint32).view(np.float32)
+    go[0, ::3, 0, 1, :2] = nan
+    go = go.astype(dt)
+    if layout == "NDHWC":
+        x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
+    for t in (1, 2):
+        res = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(
+            go, x, q, layout=layout, align_corners=True, num_threads=t,
+            output_mask=(True, False))[0]) for m in _kernel_modules()]
+        assert np.array_equal(res[0].view(np.uint16), res[1].view(np.uint16))
+        plane = np.asarray(res[0] if layout == "NCDHW" else np.moveaxis(res[0], 4, 1))[0, :, 2]
+        want = (1 + 2 * ulp) * scale[0, :, 0]
+        fin = ~np.isnan(plane.astype(np.float64))
+        assert (~fin).any() and np.array_equal(plane.astype(np.float64)[fin], want[fin])
