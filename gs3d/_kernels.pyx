@@ -112,9 +112,11 @@ cdef enum:
     BWD_GATHER_MAX_C = 7
 
 
-# The threaded nearest backward at N = 1 first finds, in parallel over points, the voxel of
-# NBLOCK points, then scatters them, each thread into its own depth slab (no thread repeats
-# another's set-up, as the threads of the bilinear slabs do on random grids).
+# The threaded nearest backward (whenever batch items are not shared out whole among the
+# threads: N below the thread count, or the channels-last NCDHW path) first finds, in parallel
+# over points, the voxel of NBLOCK points, then scatters them, each thread into its own depth
+# slab (no thread repeats another's set-up, as the threads of the bilinear slabs do on random
+# grids).
 cdef enum:
     NBLOCK = 4096
 
@@ -609,7 +611,8 @@ cdef void setup_nearest(const store_t* q, Geo* g, Py_ssize_t* As, Py_ssize_t n, 
 cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, Py_ssize_t n,
                      Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx,
                      bint do_dg, bint own_all, Tile* t) noexcept nogil:
-    """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n``.
+    """Corners, weights and flags of the points [p0, p0 + cnt) of batch item ``n`` (bilinear;
+    nearest has setup_nearest).
 
     Passes: read the tile's coordinates, map each axis for the whole tile (map_axis), combine
     the axes point by point into offsets and corner masks, then the per-axis weights and the
@@ -626,7 +629,6 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     cdef double* fa
     cdef double* fb
     cdef double* mu
-    cdef bint nearest = g.mode == MODE_NEAREST
     for j in range(8):
         # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
         t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
@@ -650,37 +652,24 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
         slab = vd
         if not all_planes:
             slab = vd & ((0x0F if zlo <= z0 < zhi else 0) | (0xF0 if zlo <= z0 + 1 < zhi else 0))
-        if nearest:
-            # one corner of weight 1 (corner 0), grid gradient exactly 0
-            t.vd[i] = 0
-            t.vs[i] = slab & 1 if do_dx else 0
-        else:
-            t.vd[i] = vd
-            t.vs[i] = slab if do_dx else 0
+        t.vd[i] = vd
+        t.vs[i] = slab if do_dx else 0
     if not do_dg or own_all:
         memset(t.own, 1 if do_dg else 0, cnt)
     else:
         for i in range(cnt):
             key = key_of(t.fl[2 * TILE + i] & AX_OK, <Py_ssize_t>t.fi[2 * TILE + i], g.D)
             t.own[i] = zlo <= key < zhi
-    if nearest:
-        # weights (1, 0) on every axis; grid gradient exactly 0
-        for j in range(3):
-            for i in range(cnt):
-                t.f[2 * j * TILE + i] = 1.0
-                t.f[(2 * j + 1) * TILE + i] = 0.0
-                t.mult[j * TILE + i] = 0.0
-    else:
-        for j in range(3):
-            # a point that samples nothing has grid gradient exactly +0 on every axis
-            fr = &t.fr[j * TILE]
-            fa = &t.f[2 * j * TILE]
-            fb = &t.f[(2 * j + 1) * TILE]
-            mu = &t.mult[j * TILE]
-            for i in range(cnt):
-                fa[i] = <acc_t>(1.0 - fr[i])
-                fb[i] = <acc_t>fr[i]
-                mu[i] = mu[i] if t.okv[i] != 0.0 else 0.0
+    for j in range(3):
+        # a point that samples nothing has grid gradient exactly +0 on every axis
+        fr = &t.fr[j * TILE]
+        fa = &t.f[2 * j * TILE]
+        fb = &t.f[(2 * j + 1) * TILE]
+        mu = &t.mult[j * TILE]
+        for i in range(cnt):
+            fa[i] = <acc_t>(1.0 - fr[i])
+            fb[i] = <acc_t>fr[i]
+            mu[i] = mu[i] if t.okv[i] != 0.0 else 0.0
     for j in range(8):
         # corner j = 4 cz + 2 cy + cx: wx * (wy * wz) in the compute type
         fa = &t.f[(j & 1) * TILE]
@@ -1343,17 +1332,17 @@ cdef void nearest_index_tile(const store_t* q, store_t* dq, Geo* g, Py_ssize_t* 
                              Py_ssize_t n, Py_ssize_t p0, int cnt, bint do_dg, Py_ssize_t* bo,
                              Py_ssize_t bs, acc_t* type_only) noexcept nogil:
     """The first phase of the threaded nearest backward, for the points [p0, p0 + cnt): their
-    accumulator offset (-1 when out of bounds), grad_output offset and depth index into
-    ``bo[0:cnt]``, ``bo[bs:bs + cnt]`` and ``bo[2 * bs:2 * bs + cnt]``, and their grid
-    gradient (+0)."""
+    accumulator offset, grad_output offset and depth index (-1 when out of bounds: offsets
+    can be negative, for an input_grad of negative strides) into ``bo[0:cnt]``,
+    ``bo[bs:bs + cnt]`` and ``bo[2 * bs:2 * bs + cnt]``, and their grid gradient (+0)."""
     cdef int i
     setup_nearest(q, g, As, n, p0, cnt, 0, g.D, True, do_dg, True, t)
     if do_dg:
         nearest_zero_grid_grad(dq, g, t, cnt, type_only)
     for i in range(cnt):
-        bo[i] = t.ab[i] if t.vs[i] else -1
+        bo[i] = t.ab[i]
         bo[bs + i] = t.ob[i]
-        bo[2 * bs + i] = <Py_ssize_t>t.fi[2 * TILE + i]
+        bo[2 * bs + i] = <Py_ssize_t>t.fi[2 * TILE + i] if t.vs[i] else -1
 
 
 cdef void nearest_scatter_slab(const store_t* grad, acc_t* A, Py_ssize_t* As, Geo* g, Tile* t,
@@ -1367,7 +1356,7 @@ cdef void nearest_scatter_slab(const store_t* grad, acc_t* A, Py_ssize_t* As, Ge
     while p0 < cnt:
         k = <int>min(<Py_ssize_t>TILE, cnt - p0)
         for i in range(k):
-            t.vs[i] = bo[p0 + i] >= 0 and zlo <= bo[2 * bs + p0 + i] < zhi
+            t.vs[i] = zlo <= bo[2 * bs + p0 + i] < zhi          # (zlo >= 0)
         nearest_scatter(grad, A, As, g, &bo[p0], &bo[bs + p0], t.vs, k, go)
         p0 += k
 
@@ -1698,7 +1687,8 @@ cdef void nearest_slabs(const store_t* grad, const store_t* q, store_t* dq, acc_
                         Py_ssize_t n, const Py_ssize_t* bounds, int nt, bint do_dg, store_t* dx,
                         bint store, Py_ssize_t* bo) noexcept nogil:
     """The threaded nearest backward of batch item n on ``nt`` threads, slab t being depth
-    planes [bounds[t], bounds[t + 1]): zero the slabs, then, NBLOCK points at a time, map the
+    planes [bounds[t], bounds[t + 1]) (used whenever batch items are not shared out whole):
+    zero the slabs, then, NBLOCK points at a time, map the
     points in parallel (nearest_index_tile into ``bo``) and scatter them slab by slab
     (nearest_scatter_slab), then with ``store`` write the slabs into ``dx``.  Every voxel gets
     its contributions in point order, as on one thread.  ``bo`` holds 3 * bs values, bs =
@@ -1736,9 +1726,9 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
     (otherwise float32/float64 accumulate in dx itself).  ``xcl`` (at least D * H * W * C
     elements, or a dummy) takes the channels-last copy of the input of that path when it cannot
     live in dx[n] (dx[n] not one contiguous block, or dx not wanted); without the buffers the
-    kernel reads the input in place.  ``scratch`` is (nthreads, C + SCRATCH_EXTRA);
-    ``workspace`` has ``workspace_bytes(nthreads, D, Do * Ho * Wo)`` bytes.  The kernels
-    allocate nothing.
+    kernel reads the input in place (nearest never reads it).  ``scratch`` is (nthreads,
+    C + SCRATCH_EXTRA); ``workspace`` has ``workspace_bytes(nthreads, D, Do * Ho * Wo, mode)``
+    bytes.  The kernels allocate nothing.
     """
     cdef Geo g
     cdef Py_ssize_t isz = sizeof(store_t), P
@@ -1936,7 +1926,8 @@ cdef class BackwardRunner(_Locked):
              int half_kind, int nthreads):
         """Fix the problem (shapes in the caller's layout, already validated), the output mask
         and the scratch: ``dx_acc`` (D, H, W, C) of the compute type (or (1, 1, 1, 1) when no
-        accumulator is needed), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
+        accumulator is needed; for 16-bit storage also (count, D, H, W, C): one dense
+        accumulator per thread, the threads then taking whole batch items), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
         uint8, ``xcl`` the channels-last input copy (or a dummy), and one-element 5-D dummies
         of the storage type for the gradients not wanted.  Once only."""
         cdef Py_ssize_t k, a0, C, D, H, W, P, acc_size = 8 if dtype.itemsize == 8 else 4

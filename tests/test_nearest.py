@@ -69,7 +69,36 @@ def test_nearest_backward_against_reference_and_across_threads(dtype, layout, C,
     assert not dg1.view(np.uint8).any()
 
 
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("padding,align", [("border", True), ("reflection", False),
+                                           ("reflection", True)])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("C", [1, 16])
+@pytest.mark.parametrize("N", [1, 2])
+def test_nearest_backward_paddings_batches_and_reversed_outputs(padding, align, dtype, layout,
+                                                               C, N):
+    """Other paddings, two batch items on three threads (the threaded scatter of item 1),
+    and an input_grad given as a reversed view (negative strides: negative voxel offsets)."""
+    rng = np.random.default_rng(zlib.crc32(repr((padding, align, dtype, layout, C, N)).encode()))
+    x, q, go = _problem(rng, dtype, layout, C, (7, 6, 9), "random", N=N)
+    opts = dict(mode="nearest", padding_mode=padding, align_corners=align, layout=layout)
+    f64 = lambda a: a.astype(np.float64)
+    want_dx, _ = reference.grid_sample_3d_backward(f64(go), f64(x), f64(q), **opts)
+    dx1, _ = gs3d.grid_sample_3d_backward(go, x, q, num_threads=1, **opts)
+    assert rel_err(dx1, want_dx) <= TOLERANCE[dtype]
+    for t in (2, 3):
+        dx, dg = gs3d.grid_sample_3d_backward(go, x, q, num_threads=t, **opts)
+        assert np.array_equal(dx.view(np.uint8), dx1.view(np.uint8))
+        assert not dg.view(np.uint8).any()
+        rev = np.full(x.shape[::-1], 7, x.dtype).T[::-1, ::-1, ::-1, ::-1, ::-1]
+        assert all(s < 0 for s in rev.strides)
+        out, _ = gs3d.grid_sample_3d_backward(go, x, q, num_threads=t, input_grad=rev,
+                                              output_mask=(True, False), **opts)
+        assert out is rev and np.array_equal(np.ascontiguousarray(rev).view(np.uint8),
+                                              dx1.view(np.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("C", [1, 16])
 def test_nearest_forward_against_reference_and_across_threads(dtype, layout, C):
