@@ -538,9 +538,10 @@ def test_half_channel_dot_keeps_its_lane_order(layout, dtype):
         assert rel_err(dg, want) <= TOLERANCE[dtype], m.__name__
 
 
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_batch_items_on_their_own_accumulators(layout, dtype):
+def test_half_batch_items_on_their_own_accumulators(layout, dtype, mode):
     """16-bit storage with at least as many batch items as threads: each thread accumulates
     whole items in its own float32 accumulator (together at most one float32 input_grad).
     The bits are those of one thread, and the result is the reference's."""
@@ -553,16 +554,16 @@ def test_half_batch_items_on_their_own_accumulators(layout, dtype):
     x = to_layout(rng.standard_normal((N, C, 3, 4, 3)).astype(dt), layout)
     g = to_layout(rng.standard_normal((N, C, 6, 7, 8)).astype(dt), layout)
     q = rng.uniform(-1.1, 1.1, (N, 6, 7, 8, 3)).astype(dt)
-    runs = [gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=t)
+    runs = [gs3d.grid_sample_3d_backward(g, x, q, mode=mode, layout=layout, num_threads=t)
             for t in (1, 2, 3, 4)]
     for dx, dg in runs[1:]:
         assert np.array_equal(dx.view(np.uint16), runs[0][0].view(np.uint16))
         assert np.array_equal(dg.view(np.uint16), runs[0][1].view(np.uint16))
     f64 = lambda a: a.astype(np.float64)
-    want = reference.grid_sample_3d_backward(f64(g), f64(x), f64(q), layout=layout)
+    want = reference.grid_sample_3d_backward(f64(g), f64(x), f64(q), mode=mode, layout=layout)
     assert rel_err(runs[2][0], want[0]) <= TOLERANCE[dtype]
     assert rel_err(runs[2][1], want[1]) <= TOLERANCE[dtype]
-    pb = check_problem(x, q, g, "bilinear", "zeros", False, layout)
+    pb = check_problem(x, q, g, mode, "zeros", False, layout)
     for nt, count in ((1, 1), (3, 3), (4, 4), (5, 1)):
         res = _api._Resources(pb, nt, True, True)
         assert (res.dx_acc.shape[0] if res.dx_acc.ndim == 5 else 1) == count
