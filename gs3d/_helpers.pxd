@@ -181,9 +181,10 @@ cdef extern from *:
     #undef GS3D_CHANNEL_LOOPS
     /* The same dot product with 16-bit x (float16 when bf is 0, else bfloat16), eight
        channels converted at once (both exact) and summed as one vector: the lanes and the tree
-       of gs3d_dot_f, so the bits of dot_channels' scalar loop.  AVX2 + F16C build only. */
+       of gs3d_dot_f, so the bits of dot_channels' scalar loop.  AVX2 + F16C build only
+       (GS3D_HAVE_HALF_SIMD), like gs3d_store_h below. */
     #if defined(__AVX2__) && defined(__F16C__)
-    #define GS3D_HAVE_HALF_DOT 1
+    #define GS3D_HAVE_HALF_SIMD 1
     static inline float gs3d_dot_h(const float* __restrict go, const uint16_t* __restrict x,
                                    Py_ssize_t C, int bf) {
         __m256 acc = _mm256_setzero_ps(), xv;
@@ -205,9 +206,10 @@ cdef extern from *:
         }
         return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
     }
-    /* n float32 values rounded into 16-bit storage (float16 when bf is 0, else bfloat16),
-       eight at a time: the bits of f32_to_f16 / f32_to_bf16 (round to nearest even; a NaN
-       becomes, in float16, the quiet NaN of its sign, in bfloat16 its top half made quiet) */
+    /* n float32 values (a multiple of 8) rounded into 16-bit storage (float16 when bf is 0,
+       else bfloat16), eight at a time: the bits of f32_to_f16 / f32_to_bf16 (round to nearest
+       even; a NaN becomes, in float16, the quiet NaN of its sign, in bfloat16 its top half
+       made quiet).  The caller rounds any remainder with those. */
     static inline void gs3d_store_h(const float* __restrict a, uint16_t* __restrict d,
                                     Py_ssize_t n, int bf) {
         Py_ssize_t i = 0;
@@ -237,21 +239,12 @@ cdef extern from *:
                 }
             }
         }
-        for (; i < n; i++) {
-            memcpy(&u, a + i, 4);
-            if ((u & 0x7fffffffu) > 0x7f800000u)
-                d[i] = bf ? (uint16_t)((u >> 16) | 0x40) : (uint16_t)(0x7e00 | ((u >> 16) & 0x8000));
-            else if (bf)
-                d[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-            else
-                d[i] = (uint16_t)_cvtss_sh(a[i], _MM_FROUND_TO_NEAREST_INT);
-        }
     }
     #else
     static inline void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) {
         (void)a; (void)d; (void)n; (void)bf;
     }
-    #define GS3D_HAVE_HALF_DOT 0
+    #define GS3D_HAVE_HALF_SIMD 0
     static inline float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) {
         (void)go; (void)x; (void)C; (void)bf; return 0.0f;
     }
@@ -668,7 +661,7 @@ cdef extern from *:
                               int align, int border) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
-    int GS3D_HAVE_HALF_DOT
+    int GS3D_HAVE_HALF_SIMD
     float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) noexcept nogil
     void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil

@@ -50,7 +50,7 @@ from gs3d._helpers cimport (
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
-    GS3D_HAVE_HALF_DOT, gs3d_dot_h, gs3d_store_h,
+    GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h,
 )
 
 ctypedef fused store_t:
@@ -581,11 +581,11 @@ cdef void tile_points(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t p0, int
 
 
 cdef void setup_nearest(const store_t* q, Geo* g, Py_ssize_t* As, Py_ssize_t n, Py_ssize_t p0,
-                        int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dx, bint do_dg,
-                        bint own_all, Tile* t) noexcept nogil:
+                        int cnt, Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg, bint own_all,
+                        Tile* t) noexcept nogil:
     """setup_tile for nearest: the one voxel each point reads or scatters to (input offset
-    ``t.xb``, accumulator offset ``t.ab``; ``t.vs`` 1 when it is in bounds, in the slab
-    [zlo, zhi) and ``do_dx``) and the points whose (zero) grid gradient this call writes
+    ``t.xb``, accumulator offset ``t.ab``; ``t.vs`` 1 when it is in bounds and in the slab
+    [zlo, zhi)) and the points whose (zero) grid gradient this call writes
     (``t.own``).  Weights are all 1, so none are stored."""
     cdef int i
     cdef unsigned char ok
@@ -599,7 +599,7 @@ cdef void setup_nearest(const store_t* q, Geo* g, Py_ssize_t* As, Py_ssize_t n, 
         z0 = <Py_ssize_t>t.fi[2 * TILE + i]
         t.xb[i] = n * g.xs[0] + z0 * g.xs[1] + y0 * g.xs[2] + x0 * g.xs[3]
         t.ab[i] = z0 * As[0] + y0 * As[1] + x0 * As[2]
-        t.vs[i] = do_dx and ok == (AX_OK | AX_IN0) and zlo <= z0 < zhi
+        t.vs[i] = ok == (AX_OK | AX_IN0) and zlo <= z0 < zhi
     if not do_dg or own_all:
         memset(t.own, 1 if do_dg else 0, cnt)
     else:
@@ -728,7 +728,7 @@ cdef void nearest_forward_tile(const store_t* x, const store_t* q, store_t* out,
     cdef acc_t s
     cdef int hk = g.half_kind
     As[0] = As[1] = As[2] = As[3] = 0
-    setup_nearest(q, g, As, n, p0, cnt, 0, g.D, True, False, True, t)
+    setup_nearest(q, g, As, n, p0, cnt, 0, g.D, False, True, t)
     if xc == 1 and oc == 1:
         pn = C * <Py_ssize_t>sizeof(store_t)
         for i in range(min(cnt, <int>AHEAD)):
@@ -1206,7 +1206,7 @@ cdef inline acc_t dot_channels(const acc_t* go, const store_t* x, Py_ssize_t off
         elif store_t is double and acc_t is double:
             return gs3d_dot_d(go, &x[off], C)
         elif not (store_t is double or store_t is float) and acc_t is float:
-            if GS3D_HAVE_HALF_DOT:
+            if GS3D_HAVE_HALF_SIMD:
                 return gs3d_dot_h(go, &x[off], C, hk == HALF_BF16)
     for l in range(8):
         s[l] = 0
@@ -1317,7 +1317,7 @@ cdef void nearest_backward_tile(const store_t* grad, const store_t* q, store_t* 
     grad_output channels to the one input-gradient voxel it read (weight 1, so the sum is that
     of the general loop bitwise), in point order.  The input is not read at all."""
     if do_dx:
-        setup_nearest(q, g, As, n, p0, cnt, zlo, zhi, True, do_dg, own_all, t)
+        setup_nearest(q, g, As, n, p0, cnt, zlo, zhi, do_dg, own_all, t)
     else:
         # grid gradient only: the coordinates do not matter
         tile_points(q, g, n, p0, cnt, False, t)
@@ -1336,7 +1336,7 @@ cdef void nearest_index_tile(const store_t* q, store_t* dq, Geo* g, Py_ssize_t* 
     can be negative, for an input_grad of negative strides) into ``bo[0:cnt]``,
     ``bo[bs:bs + cnt]`` and ``bo[2 * bs:2 * bs + cnt]``, and their grid gradient (+0)."""
     cdef int i
-    setup_nearest(q, g, As, n, p0, cnt, 0, g.D, True, do_dg, True, t)
+    setup_nearest(q, g, As, n, p0, cnt, 0, g.D, do_dg, True, t)
     if do_dg:
         nearest_zero_grid_grad(dq, g, t, cnt, type_only)
     for i in range(cnt):
@@ -1380,13 +1380,12 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef int i, j, slot, i0, i1, per
     cdef acc_t* gp = go
     cdef unsigned char vs, vd
-    cdef bint bilinear = g.mode == MODE_BILINEAR
     cdef acc_t goc
     cdef acc_t d8[8]
     cdef acc_t w8[8]
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
-    if not bilinear:
+    if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
         return
@@ -1413,7 +1412,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         # one channel: no channel loops at all (same arithmetic as the general paths)
         for i in range(cnt):
             vs = t.vs[i]
-            vd = t.vd[i] if (t.own[i] and bilinear) else 0
+            vd = t.vd[i] if t.own[i] else 0
             if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
                 prefetch_corners(x, A, t, i + AHEAD, t.vd[i + AHEAD] if t.own[i + AHEAD] else 0,
                                  t.vs[i + AHEAD])
@@ -1453,11 +1452,11 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             if per:
                 for c in range(C):
                     for i in range(i0, i1):
-                        if t.vs[i] or (t.own[i] and bilinear and t.vd[i]):
+                        if t.vs[i] or (t.own[i] and t.vd[i]):
                             dots[(i - i0) * C + c] = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
             for i in range(i0, i1):
                 vs = t.vs[i]
-                vd = t.vd[i] if (t.own[i] and bilinear) else 0
+                vd = t.vd[i] if t.own[i] else 0
                 if i + AHEAD < cnt and (t.vs[i + AHEAD] or (t.own[i + AHEAD] and t.vd[i + AHEAD])):
                     prefetch_corners(x, A, t, i + AHEAD,
                                      t.vd[i + AHEAD] if t.own[i + AHEAD] else 0,
@@ -1486,7 +1485,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         for i in range(cnt):
             i8 = 8 * i
             vs = t.vs[i]
-            vd = t.vd[i] if (t.own[i] and bilinear) else 0
+            vd = t.vd[i] if t.own[i] else 0
             if not (vs or vd):
                 continue
             goc = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
@@ -1583,12 +1582,15 @@ cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize
 
 
 cdef inline bint store_run(const acc_t* A, store_t* dx, Py_ssize_t cnt, int hk) noexcept nogil:
-    """Round ``cnt`` contiguous float32 accumulator values into contiguous 16-bit input_grad
-    eight at a time (gs3d_store_h: the bits of ``st``) where the build has it; False (nothing
-    done) otherwise."""
+    """Round ``cnt`` contiguous float32 accumulator values into contiguous 16-bit input_grad,
+    eight at a time (gs3d_store_h: the bits of ``st``, which rounds the rest) where the build
+    has it; False (nothing done) otherwise."""
+    cdef Py_ssize_t i, n8 = cnt - cnt % 8
     if not (store_t is double or store_t is float) and acc_t is float:
-        if GS3D_HAVE_HALF_DOT:
-            gs3d_store_h(A, dx, cnt, hk == HALF_BF16)
+        if GS3D_HAVE_HALF_SIMD:
+            gs3d_store_h(A, dx, n8, hk == HALF_BF16)
+            for i in range(n8, cnt):
+                st(dx, i, A[i], hk)
             return True
     return False
 
