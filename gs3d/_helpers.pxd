@@ -265,6 +265,15 @@ cdef extern from *:
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi;
         int align, border, do_dx, do_dg, own_all;
     } gs3d_bwd_args;
+    /* arguments of gs3d_backward_cl_avx2 (below) */
+    typedef struct {
+        const float* x; float* A; const float* go; float* dq;
+        const Py_ssize_t *ob, *oq, *xb, *ab, *xd, *ad;
+        const double *f, *w, *mult;
+        const unsigned char *vd, *vs, *own;
+        Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n;
+        int cnt, tile, ahead;
+    } gs3d_cl_args;
     #if defined(__AVX2__)
     #include <immintrin.h>
     #define GS3D_HAVE_SIMD_GATHER 1
@@ -625,6 +634,132 @@ cdef extern from *:
             }
         }
     }
+    /* The consuming loop of backward_tile for float32 with contiguous channels in the input,
+       the accumulator and grad_output and C a multiple of 8 (AVX2 build): the points of one
+       tile set up by setup_tile (its arrays passed in gs3d_cl_args), in order, with that
+       loop's bits.  Each corner's channel dot is one 8-lane vector from +0 (channel c in lane
+       c % 8, as gs3d_dot_f); the eight corners' vectors are then reduced together in
+       lane_sum's tree and operand order (lanes 0 + 4, 1 + 5, 2 + 6, 3 + 7; then
+       (0 4) + (2 6), (1 5) + (3 7); then their sum).  A corner outside the gather mask gets a
+       zero vector, never a read.  The grid gradient is grid_grad_of's (the sum factored by
+       axis when all eight corners are in bounds, else the signed sum over corners); the
+       scatter is gs3d_axpy_f's, corner by corner. */
+    /* prefetch_span: every cache line of [p, p + n), n > 0 */
+    static inline void gs3d_cl_span(const char* p, Py_ssize_t n) {
+        const char* end = p + n;
+        if (n <= 64) { gs3d_prefetch(p); gs3d_prefetch(end - 1); return; }
+        p -= ((size_t)p) & 63;
+        for (; p < end; p += 64) gs3d_prefetch(p);
+    }
+    /* prefetch_corners for point k: the rows it gathers from and scatters into */
+    static inline void gs3d_cl_prefetch(const gs3d_cl_args* a, int k) {
+        const unsigned gm = a->own[k] ? a->vd[k] : 0, sm = a->vs[k];
+        int r;
+        for (r = 0; r < 4; r++) {
+            if ((gm >> (2 * r)) & 3)
+                gs3d_cl_span((const char*)(a->x + a->xb[k] + a->xd[2 * r]) + a->px_lo, a->px_n);
+            if ((sm >> (2 * r)) & 3)
+                gs3d_cl_span((const char*)(a->A + a->ab[k] + a->ad[2 * r]) + a->pa_lo, a->pa_n);
+        }
+    }
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const float* go, const float* x, Py_ssize_t C) {
+        __m256 s = _mm256_setzero_ps();
+        Py_ssize_t c;
+        for (c = 0; c < C; c += 8)
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_loadu_ps(go + c), _mm256_loadu_ps(x + c)));
+        return s;
+    }
+    /* lanes 0 + 4, 1 + 5, 2 + 6, 3 + 7 of a (low half) and of b (high half) */
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_fold(__m256 a, __m256 b) {
+        return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
+                             _mm256_permute2f128_ps(a, b, 0x31));
+    }
+    GS3D_ALWAYS_INLINE void gs3d_cl_run(const gs3d_cl_args* a, const Py_ssize_t C) {
+        const Py_ssize_t T = a->tile, qc = a->qc;
+        const int cnt = a->cnt;
+        float r8[8], d[8];
+        __m256 v[8], e, h;
+        int i, j;
+        Py_ssize_t c;
+        for (i = 0; i < cnt && i < a->ahead; i++)
+            if (a->vs[i] || (a->own[i] && a->vd[i]))
+                gs3d_cl_prefetch(a, i);
+        for (i = 0; i < cnt; i++) {
+            const unsigned own = a->own[i], vs = a->vs[i], vd = own ? a->vd[i] : 0;
+            const float* go = a->go + a->ob[i];
+            const int k = i + a->ahead;
+            if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
+                gs3d_cl_prefetch(a, k);
+            if (own) {
+                const float wx0 = (float)a->f[i], wx1 = (float)a->f[T + i];
+                const float wy0 = (float)a->f[2 * T + i], wy1 = (float)a->f[3 * T + i];
+                const float wz0 = (float)a->f[4 * T + i], wz1 = (float)a->f[5 * T + i];
+                float gx = 0, gy = 0, gz = 0;
+                if (vd) {
+                    for (j = 0; j < 8; j++)
+                        v[j] = (vd >> j) & 1 ? gs3d_cl_dot(go, a->x + a->xb[i] + a->xd[j], C)
+                                             : _mm256_setzero_ps();
+                    /* per half, the lane pairs of corners 0 2 4 6 (low) and 1 3 5 7 (high) */
+                    v[0] = gs3d_cl_fold(v[0], v[1]);
+                    v[2] = gs3d_cl_fold(v[2], v[3]);
+                    v[4] = gs3d_cl_fold(v[4], v[5]);
+                    v[6] = gs3d_cl_fold(v[6], v[7]);
+                    /* (0 4) + (2 6) and (1 5) + (3 7), two corners per half */
+                    e = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[2], 0x44),
+                                      _mm256_shuffle_ps(v[0], v[2], 0xEE));
+                    h = _mm256_add_ps(_mm256_shuffle_ps(v[4], v[6], 0x44),
+                                      _mm256_shuffle_ps(v[4], v[6], 0xEE));
+                    /* their sums: the dots of corners 0 2 4 6 | 1 3 5 7 */
+                    _mm256_storeu_ps(r8, _mm256_add_ps(_mm256_shuffle_ps(e, h, 0x88),
+                                                       _mm256_shuffle_ps(e, h, 0xDD)));
+                    for (j = 0; j < 8; j++)
+                        d[j] = r8[4 * (j & 1) + (j >> 1)];
+                }
+                if (vd == 0xFF) {
+                    gx = wz0 * (wy0 * (d[1] - d[0]) + wy1 * (d[3] - d[2]))
+                         + wz1 * (wy0 * (d[5] - d[4]) + wy1 * (d[7] - d[6]));
+                    gy = wz0 * (wx0 * (d[2] - d[0]) + wx1 * (d[3] - d[1]))
+                         + wz1 * (wx0 * (d[6] - d[4]) + wx1 * (d[7] - d[5]));
+                    gz = wy0 * (wx0 * (d[4] - d[0]) + wx1 * (d[5] - d[1]))
+                         + wy1 * (wx0 * (d[6] - d[2]) + wx1 * (d[7] - d[3]));
+                } else {
+                    for (j = 0; j < 8; j++) {
+                        if ((vd >> j) & 1) {
+                            const float dot = d[j];
+                            const float fx = ((j >> 1) & 1 ? wy1 : wy0) * (j >> 2 ? wz1 : wz0);
+                            const float fy = (j & 1 ? wx1 : wx0) * (j >> 2 ? wz1 : wz0);
+                            const float fz = (j & 1 ? wx1 : wx0) * ((j >> 1) & 1 ? wy1 : wy0);
+                            gx = j & 1 ? gx + dot * fx : gx - dot * fx;
+                            gy = (j >> 1) & 1 ? gy + dot * fy : gy - dot * fy;
+                            gz = j >> 2 ? gz + dot * fz : gz - dot * fz;
+                        }
+                    }
+                }
+                a->dq[a->oq[i]] = (float)a->mult[i] * gx;
+                a->dq[a->oq[i] + qc] = (float)a->mult[T + i] * gy;
+                a->dq[a->oq[i] + 2 * qc] = (float)a->mult[2 * T + i] * gz;
+            }
+            for (j = 0; j < 8; j++) {
+                if ((vs >> j) & 1) {
+                    float* dst = a->A + a->ab[i] + a->ad[j];
+                    const __m256 w = _mm256_set1_ps((float)a->w[j * T + i]);
+                    for (c = 0; c < C; c += 8)
+                        _mm256_storeu_ps(dst + c, _mm256_add_ps(_mm256_loadu_ps(dst + c),
+                            _mm256_mul_ps(w, _mm256_loadu_ps(go + c))));
+                }
+            }
+        }
+    }
+    static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) {
+        /* the usual channel counts with the channel loops unrolled */
+        switch (a->C) {
+            case 8: gs3d_cl_run(a, 8); break;
+            case 16: gs3d_cl_run(a, 16); break;
+            case 24: gs3d_cl_run(a, 24); break;
+            case 32: gs3d_cl_run(a, 32); break;
+            default: gs3d_cl_run(a, a->C);
+        }
+    }
     #else
     #define GS3D_HAVE_SIMD_GATHER 0
     static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
@@ -639,6 +774,7 @@ cdef extern from *:
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         (void)a; (void)cnt;
     }
+    static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -654,6 +790,26 @@ cdef extern from *:
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
         int align, border, do_dx, do_dg, own_all
     void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) noexcept nogil
+    ctypedef struct gs3d_cl_args:
+        const float* x
+        float* A
+        const float* go
+        float* dq
+        const Py_ssize_t* ob
+        const Py_ssize_t* oq
+        const Py_ssize_t* xb
+        const Py_ssize_t* ab
+        const Py_ssize_t* xd
+        const Py_ssize_t* ad
+        const double* f
+        const double* w
+        const double* mult
+        const unsigned char* vd
+        const unsigned char* vs
+        const unsigned char* own
+        Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
+        int cnt, tile, ahead
+    void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
     void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
                               Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
                               Py_ssize_t xc, const float* q, Py_ssize_t qp, Py_ssize_t qc,

@@ -50,7 +50,7 @@ from gs3d._helpers cimport (
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
-    GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h,
+    GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
 )
 
 ctypedef fused store_t:
@@ -1385,6 +1385,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef acc_t w8[8]
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
+    cdef gs3d_cl_args cl
     if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
@@ -1445,6 +1446,17 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         # grad_output may have any channel stride; when it is not 1, the values of a group of
         # points are first gathered channel by channel into ``dots`` (64 * TILE values), so
         # each channel's run of consecutive points is read in one go
+        if store_t is float and acc_t is float:
+            if GS3D_HAVE_SIMD_GATHER and gc == 1 and C % 8 == 0:
+                # the same loop in C with AVX2 (gs3d_backward_cl_avx2): same bits
+                cl.x, cl.A, cl.go, cl.dq = x, A, grad, dq
+                cl.ob, cl.oq, cl.xb, cl.ab, cl.xd, cl.ad = t.ob, t.oq, t.xb, t.ab, t.xd, t.ad
+                cl.f, cl.w, cl.mult, cl.vd, cl.vs, cl.own = t.f, t.w, t.mult, t.vd, t.vs, t.own
+                cl.C, cl.qc = C, g.os[4]
+                cl.px_lo, cl.px_n, cl.pa_lo, cl.pa_n = t.px_lo, t.px_n, t.pa_lo, t.pa_n
+                cl.cnt, cl.tile, cl.ahead = cnt, TILE, AHEAD
+                gs3d_backward_cl_avx2(&cl)
+                return
         per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C)) if gc != 1 else 0
         i0 = 0
         while i0 < cnt:

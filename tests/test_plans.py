@@ -398,6 +398,38 @@ def _backward_both_builds(go, x, q, **kw):
     return results
 
 
+def _points_backward_across_builds(rng, C, n_points, layout, opts):
+    """The backward of ``n_points`` scattered points (_c1_grid, every fourth on the first
+    one's corners) in a 9 x 5 x 6 volume of C channels: both builds give the same bits under
+    1 and 3 threads (at N = 1 they split the input gradient into depth slabs) and every
+    output_mask, and the float64 reference's values."""
+    from gs3d import reference
+    x = rng.standard_normal((1, C, 9, 5, 6)).astype(np.float32)
+    q = _c1_grid(rng, n_points, 6).reshape(1, 1, 1, n_points, 3).astype(np.float32)
+    # some points share corners: their input-gradient contributions meet in one voxel
+    q[..., ::4, :] = q[..., :1, :]
+    go = rng.standard_normal((1, C, 1, 1, n_points)).astype(np.float32)
+    want = reference.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
+                                             q.astype(np.float64), **opts)
+    if layout == "NDHWC":
+        x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
+        want = (np.moveaxis(want[0], 1, 4), want[1])
+    for threads, mask in ((1, (True, True)), (3, (True, True)), (2, (True, False)),
+                          (2, (False, True))):
+        base, avx2 = _backward_both_builds(go, x, q, output_mask=mask, layout=layout,
+                                           num_threads=threads, **opts)
+        for a, b, w in zip(base, avx2, want):
+            assert (a is None) == (b is None)
+            if a is None:
+                continue
+            assert np.array_equal(a, b), (n_points, threads, mask)
+            got = b.view(np.float32)
+            finite = np.isfinite(w)
+            assert np.array_equal(np.isfinite(got), finite)
+            scale = max(np.abs(w[finite]).max(initial=0.0), 1.0)
+            assert np.abs(got[finite] - w[finite]).max(initial=0.0) / scale <= 1e-4
+
+
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NDHWC"), (4, "NCDHW"), (7, "NDHWC"),
@@ -409,34 +441,24 @@ def test_few_channel_float32_backward_agrees_across_builds(align, padding, C, la
     length, output_mask and thread count (at N = 1 the threads split the input gradient into
     depth slabs and each maps every point), and agree with the float64 reference (C = 8 and
     reflection: the tile loop in both)."""
-    from gs3d import reference
     for n_points in (1, 8, 9, 65, 203):
-        rng = np.random.default_rng(100 + n_points)
-        x = rng.standard_normal((1, C, 9, 5, 6)).astype(np.float32)
-        q = _c1_grid(rng, n_points, 6).reshape(1, 1, 1, n_points, 3).astype(np.float32)
-        # some points share corners: their input-gradient contributions meet in one voxel
-        q[..., ::4, :] = q[..., :1, :]
-        go = rng.standard_normal((1, C, 1, 1, n_points)).astype(np.float32)
-        opts = dict(mode="bilinear", padding_mode=padding, align_corners=align)
-        want = reference.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
-                                                 q.astype(np.float64), **opts)
-        if layout == "NDHWC":
-            x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
-            want = (np.moveaxis(want[0], 1, 4), want[1])
-        for threads, mask in ((1, (True, True)), (3, (True, True)), (2, (True, False)),
-                              (2, (False, True))):
-            base, avx2 = _backward_both_builds(go, x, q, output_mask=mask, layout=layout,
-                                               num_threads=threads, **opts)
-            for a, b, w in zip(base, avx2, want):
-                assert (a is None) == (b is None)
-                if a is None:
-                    continue
-                assert np.array_equal(a, b), (n_points, threads, mask)
-                got = b.view(np.float32)
-                finite = np.isfinite(w)
-                assert np.array_equal(np.isfinite(got), finite)
-                scale = max(np.abs(w[finite]).max(initial=0.0), 1.0)
-                assert np.abs(got[finite] - w[finite]).max(initial=0.0) / scale <= 1e-4
+        _points_backward_across_builds(np.random.default_rng(100 + n_points), C, n_points,
+                                       layout, dict(mode="bilinear", padding_mode=padding,
+                                                    align_corners=align))
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("C", [8, 16, 24, 32, 40])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_multiple_of_eight_channels_float32_backward_agrees_across_builds(layout, C, padding):
+    """With a multiple of 8 channels, contiguous channels-last (NDHWC, or NCDHW through its
+    channels-last copies), the AVX2 build consumes each tile in C (gs3d_backward_cl_avx2,
+    unrolled for C = 8 .. 32, a loop for 40); the baseline build runs the Cython loop.  Same
+    bits for edge points, points that sample nothing, shared corners, depth slabs at N = 1
+    (3 threads) and every output_mask, and the float64 reference's values."""
+    _points_backward_across_builds(np.random.default_rng(300 + C), C, 203, layout,
+                                   dict(mode="bilinear", padding_mode=padding,
+                                        align_corners=False))
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "grad_view", "dx_view", "dg_view",
@@ -510,21 +532,23 @@ def test_channels_last_copy_lives_in_sliced_input_grad():
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_channel_dot_keeps_its_lane_order(layout, dtype):
-    """In channel lanes 0 and 4, products of +-2^22 that cancel only when those lanes are
-    summed first (lane_sum's tree); lane 1 carries a small term that is lost in any other
-    order.  The grid gradient must be the small term's, in both builds (the 16-bit dot of the
-    AVX2 build included)."""
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("partner", [4, 2])
+def test_channel_dot_keeps_its_lane_order(layout, dtype, partner):
+    """In channel lanes 0 and ``partner``, products of +-2^22 that cancel only when lane_sum's
+    tree sums them before lane 1 (lanes 0 + 4 first; then (0 4) + (2 6)); lane 1 carries a
+    small term that is lost in any other order.  The grid gradient must be the small term's,
+    in both builds (the 16-bit dot and the float32 eight-corner reduction of
+    gs3d_backward_cl_avx2 in the AVX2 build included)."""
     from gs3d import reference
     from conftest import TOLERANCE, rel_err
     dt = np_dtype(dtype)
     rng = np.random.default_rng(9)
     x = np.zeros((1, 16, 6, 6, 6))
-    x[:, 0], x[:, 4] = 2048.0, -2048.0
+    x[:, 0], x[:, partner] = 2048.0, -2048.0
     x[:, 1] = rng.uniform(-0.2, 0.2, (1, 6, 6, 6))
     g = np.zeros((1, 16, 5, 5, 5))
-    g[:, 0] = g[:, 4] = 2048.0
+    g[:, 0] = g[:, partner] = 2048.0
     g[:, 1] = 1.0
     q = rng.uniform(-0.9, 0.9, (1, 5, 5, 5, 3))
     x, g, q = (a.astype(dt) for a in (x, g, q))
