@@ -274,6 +274,16 @@ cdef extern from *:
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n;
         int cnt, tile, ahead;
     } gs3d_cl_args;
+    /* arguments of gs3d_forward_cl_avx2: the tile's points [i0, i1), point i written at
+       out + ob[i] (ob not NULL) or out + (i - i0) * C */
+    typedef struct {
+        const float* x; float* out;
+        const Py_ssize_t *ob, *xb, *xd;
+        const double* w;
+        const unsigned char* vs;
+        Py_ssize_t C, px_lo, px_n;
+        int i0, i1, cnt, tile, ahead;
+    } gs3d_clf_args;
     #if defined(__AVX2__)
     #include <immintrin.h>
     #define GS3D_HAVE_SIMD_GATHER 1
@@ -760,6 +770,42 @@ cdef extern from *:
             default: gs3d_cl_run(a, a->C);
         }
     }
+    /* The forward's channels-last loop for float32, C a multiple of 8 (AVX2 build), with
+       forward_tile's bits: per channel, from +0, w_j * x_j added corner by corner in corner
+       order over the corners in bounds. */
+    GS3D_ALWAYS_INLINE void gs3d_clf_run(const gs3d_clf_args* a, const Py_ssize_t C) {
+        const Py_ssize_t T = a->tile;
+        int i, j, r;
+        Py_ssize_t c;
+        for (i = a->i0; i < a->i1; i++) {
+            const unsigned vs = a->vs[i];
+            const int k = i + a->ahead;
+            float* o = a->ob ? a->out + a->ob[i] : a->out + (i - a->i0) * C;
+            if (k < a->cnt && a->vs[k])
+                for (r = 0; r < 4; r++)
+                    if ((a->vs[k] >> (2 * r)) & 3)
+                        gs3d_cl_span((const char*)(a->x + a->xb[k] + a->xd[2 * r]) + a->px_lo,
+                                     a->px_n);
+            for (c = 0; c < C; c += 8) {
+                __m256 s = _mm256_setzero_ps();
+                for (j = 0; j < 8; j++)
+                    if ((vs >> j) & 1)
+                        s = _mm256_add_ps(s, _mm256_mul_ps(
+                            _mm256_set1_ps((float)a->w[j * T + i]),
+                            _mm256_loadu_ps(a->x + a->xb[i] + a->xd[j] + c)));
+                _mm256_storeu_ps(o + c, s);
+            }
+        }
+    }
+    static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) {
+        switch (a->C) {
+            case 8: gs3d_clf_run(a, 8); break;
+            case 16: gs3d_clf_run(a, 16); break;
+            case 24: gs3d_clf_run(a, 24); break;
+            case 32: gs3d_clf_run(a, 32); break;
+            default: gs3d_clf_run(a, a->C);
+        }
+    }
     #else
     #define GS3D_HAVE_SIMD_GATHER 0
     static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
@@ -775,6 +821,7 @@ cdef extern from *:
         (void)a; (void)cnt;
     }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
+    static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) { (void)a; }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
     static inline uint32_t gs3d_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
@@ -810,6 +857,17 @@ cdef extern from *:
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
         int cnt, tile, ahead
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
+    ctypedef struct gs3d_clf_args:
+        const float* x
+        float* out
+        const Py_ssize_t* ob
+        const Py_ssize_t* xb
+        const Py_ssize_t* xd
+        const double* w
+        const unsigned char* vs
+        Py_ssize_t C, px_lo, px_n
+        int i0, i1, cnt, tile, ahead
+    void gs3d_forward_cl_avx2(const gs3d_clf_args* a) noexcept nogil
     void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
                               Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
                               Py_ssize_t xc, const float* q, Py_ssize_t qp, Py_ssize_t qc,

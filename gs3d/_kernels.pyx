@@ -51,6 +51,7 @@ from gs3d._helpers cimport (
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
+    gs3d_clf_args, gs3d_forward_cl_avx2,
 )
 
 ctypedef fused store_t:
@@ -769,6 +770,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t w8[8]
     cdef acc_t* r
     cdef int hk = g.half_kind
+    cdef gs3d_clf_args clf
+    cdef bint use_cl = False
     As[0] = As[1] = As[2] = As[3] = 0
     if g.mode == MODE_NEAREST:
         nearest_forward_tile(x, q, out, g, t, n, p0, cnt, scratch)
@@ -807,24 +810,36 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
         per = 0
         if oc != 1 and obuf != NULL:
             per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C))
+        if store_t is float and acc_t is float:
+            use_cl = GS3D_HAVE_SIMD_GATHER and C % 8 == 0 and (per or oc == 1)
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
-            for i in range(i0, i1):
-                r = &obuf[(i - i0) * C] if per else scratch
-                v = t.vs[i]
-                if i + AHEAD < cnt and t.vs[i + AHEAD]:
-                    prefetch_corners(x, scratch, t, i + AHEAD, t.vs[i + AHEAD], 0)
-                for c in range(C):
-                    r[c] = 0
-                for j in range(8):
-                    if (v >> j) & 1:
-                        w = corner_weight(t, i, j, scratch)
-                        for c in range(C):
-                            r[c] = r[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
-                if not per:
+            if use_cl:
+                if store_t is float and acc_t is float:
+                    # the loop below in C with AVX2 (gs3d_forward_cl_avx2): same bits
+                    clf.x, clf.out = x, obuf if per else out
+                    clf.ob, clf.xb, clf.xd, clf.w, clf.vs = NULL if per else t.ob, t.xb, t.xd, \
+                        t.w, t.vs
+                    clf.C, clf.px_lo, clf.px_n = C, t.px_lo, t.px_n
+                    clf.i0, clf.i1, clf.cnt, clf.tile, clf.ahead = i0, i1, cnt, TILE, AHEAD
+                    gs3d_forward_cl_avx2(&clf)
+            else:
+                for i in range(i0, i1):
+                    r = &obuf[(i - i0) * C] if per else scratch
+                    v = t.vs[i]
+                    if i + AHEAD < cnt and t.vs[i + AHEAD]:
+                        prefetch_corners(x, scratch, t, i + AHEAD, t.vs[i + AHEAD], 0)
                     for c in range(C):
-                        st(out, t.ob[i] + c * oc, r[c], hk)
+                        r[c] = 0
+                    for j in range(8):
+                        if (v >> j) & 1:
+                            w = corner_weight(t, i, j, scratch)
+                            for c in range(C):
+                                r[c] = r[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
+                    if not per:
+                        for c in range(C):
+                            st(out, t.ob[i] + c * oc, r[c], hk)
             if per:
                 for c in range(C):
                     for i in range(i0, i1):

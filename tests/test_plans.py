@@ -335,10 +335,13 @@ def _c1_grid(rng, n_points, size):
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("n_points", [1, 7, 8, 9, 63, 64, 65, 203])
 @pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NCDHW"), (3, "NDHWC"), (8, "NCDHW"),
-                                      (9, "NDHWC")])
-def test_few_channel_float32_forward_agrees_across_builds(align, padding, n_points, C, layout):
+                                      (9, "NDHWC"), (16, "NDHWC"), (16, "NCDHW"), (40, "NDHWC"),
+                                      (72, "NCDHW")])
+def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layout):
     """The AVX2 build runs the float32 bilinear forward of up to 8 channels eight points at a
-    time (gs3d_forward_gather_avx2); the baseline build runs the scalar tile loop.  Both must
+    time (gs3d_forward_gather_avx2), and from 16 channels on, for multiples of 8, consumes the
+    tile loop's set-up in C (gs3d_forward_cl_avx2; NCDHW output through the staging buffer,
+    in groups of 56 points at C = 72); the baseline build runs the scalar tile loop.  Both must
     give the same bits, for every tail length, with NaN/inf/huge coordinates, and agree with
     the float64 reference within the float32 tolerance (C = 9: the tile loop in both)."""
     from gs3d import reference
