@@ -268,11 +268,13 @@ cdef extern from *:
     /* arguments of gs3d_backward_cl_avx2 (below) */
     typedef struct {
         const float* x; float* A; const float* go; float* dq;
+        const uint16_t* xh;     /* 16-bit input (x unused), of kind xkind: 1 float16, 2 bfloat16 */
+        float* gq;              /* with xh: grid gradients go to gq[3 i + axis], not to dq */
         const Py_ssize_t *ob, *oq, *xb, *ab, *xd, *ad;
         const double *f, *w, *mult;
         const unsigned char *vd, *vs, *own;
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n;
-        int cnt, tile, ahead;
+        int cnt, tile, ahead, xkind;
     } gs3d_cl_args;
     /* arguments of gs3d_forward_cl_avx2: the tile's points [i0, i1), point i written at
        out + ob[i] (ob not NULL) or out + (i - i0) * C */
@@ -653,30 +655,45 @@ cdef extern from *:
        (0 4) + (2 6), (1 5) + (3 7); then their sum).  A corner outside the gather mask gets a
        zero vector, never a read.  The grid gradient is grid_grad_of's (the sum factored by
        axis when all eight corners are in bounds, else the signed sum over corners); the
-       scatter is gs3d_axpy_f's, corner by corner. */
+       scatter is gs3d_axpy_f's, corner by corner.  16-bit storage (xkind 1 or 2): the input
+       is read as gs3d_dot_h reads it (eight values converted exactly), grad_output comes
+       already converted (go + C i for point i) and the grid gradient, in float32, goes to gq
+       for the caller to round. */
     /* prefetch_span: every cache line of [p, p + n), n > 0 */
-    static inline void gs3d_cl_span(const char* p, Py_ssize_t n) {
+    GS3D_ALWAYS_INLINE void gs3d_cl_span(const char* p, Py_ssize_t n) {
         const char* end = p + n;
         if (n <= 64) { gs3d_prefetch(p); gs3d_prefetch(end - 1); return; }
         p -= ((size_t)p) & 63;
         for (; p < end; p += 64) gs3d_prefetch(p);
     }
     /* prefetch_corners for point k: the rows it gathers from and scatters into */
-    static inline void gs3d_cl_prefetch(const gs3d_cl_args* a, int k) {
+    GS3D_ALWAYS_INLINE void gs3d_cl_prefetch(const gs3d_cl_args* a, int k) {
         const unsigned gm = a->own[k] ? a->vd[k] : 0, sm = a->vs[k];
         int r;
         for (r = 0; r < 4; r++) {
             if ((gm >> (2 * r)) & 3)
-                gs3d_cl_span((const char*)(a->x + a->xb[k] + a->xd[2 * r]) + a->px_lo, a->px_n);
+                gs3d_cl_span((a->xkind ? (const char*)(a->xh + a->xb[k] + a->xd[2 * r])
+                                       : (const char*)(a->x + a->xb[k] + a->xd[2 * r]))
+                             + a->px_lo, a->px_n);
             if ((sm >> (2 * r)) & 3)
                 gs3d_cl_span((const char*)(a->A + a->ab[k] + a->ad[2 * r]) + a->pa_lo, a->pa_n);
         }
     }
-    GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const float* go, const float* x, Py_ssize_t C) {
+    /* eight input values at offset off as float32 (exact) */
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8(const gs3d_cl_args* a, Py_ssize_t off, const int xk) {
+        if (xk == 0) return _mm256_loadu_ps(a->x + off);
+    #if defined(__F16C__)
+        if (xk == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(a->xh + off)));
+    #endif
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128((const __m128i*)(a->xh + off))), 16));
+    }
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const gs3d_cl_args* a, const float* go, Py_ssize_t off,
+                                          Py_ssize_t C, const int xk) {
         __m256 s = _mm256_setzero_ps();
         Py_ssize_t c;
         for (c = 0; c < C; c += 8)
-            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_loadu_ps(go + c), _mm256_loadu_ps(x + c)));
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_loadu_ps(go + c), gs3d_cl_ld8(a, off + c, xk)));
         return s;
     }
     /* lanes 0 + 4, 1 + 5, 2 + 6, 3 + 7 of a (low half) and of b (high half) */
@@ -684,7 +701,7 @@ cdef extern from *:
         return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
                              _mm256_permute2f128_ps(a, b, 0x31));
     }
-    GS3D_ALWAYS_INLINE void gs3d_cl_run(const gs3d_cl_args* a, const Py_ssize_t C) {
+    GS3D_ALWAYS_INLINE void gs3d_cl_run(const gs3d_cl_args* a, const Py_ssize_t C, const int xk) {
         const Py_ssize_t T = a->tile, qc = a->qc;
         const int cnt = a->cnt;
         float r8[8], d[8];
@@ -696,7 +713,7 @@ cdef extern from *:
                 gs3d_cl_prefetch(a, i);
         for (i = 0; i < cnt; i++) {
             const unsigned own = a->own[i], vs = a->vs[i], vd = own ? a->vd[i] : 0;
-            const float* go = a->go + a->ob[i];
+            const float* go = xk ? a->go + C * i : a->go + a->ob[i];
             const int k = i + a->ahead;
             if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
                 gs3d_cl_prefetch(a, k);
@@ -707,7 +724,7 @@ cdef extern from *:
                 float gx = 0, gy = 0, gz = 0;
                 if (vd) {
                     for (j = 0; j < 8; j++)
-                        v[j] = (vd >> j) & 1 ? gs3d_cl_dot(go, a->x + a->xb[i] + a->xd[j], C)
+                        v[j] = (vd >> j) & 1 ? gs3d_cl_dot(a, go, a->xb[i] + a->xd[j], C, xk)
                                              : _mm256_setzero_ps();
                     /* per half, the lane pairs of corners 0 2 4 6 (low) and 1 3 5 7 (high) */
                     v[0] = gs3d_cl_fold(v[0], v[1]);
@@ -745,9 +762,15 @@ cdef extern from *:
                         }
                     }
                 }
-                a->dq[a->oq[i]] = (float)a->mult[i] * gx;
-                a->dq[a->oq[i] + qc] = (float)a->mult[T + i] * gy;
-                a->dq[a->oq[i] + 2 * qc] = (float)a->mult[2 * T + i] * gz;
+                if (xk) {
+                    a->gq[3 * i] = (float)a->mult[i] * gx;
+                    a->gq[3 * i + 1] = (float)a->mult[T + i] * gy;
+                    a->gq[3 * i + 2] = (float)a->mult[2 * T + i] * gz;
+                } else {
+                    a->dq[a->oq[i]] = (float)a->mult[i] * gx;
+                    a->dq[a->oq[i] + qc] = (float)a->mult[T + i] * gy;
+                    a->dq[a->oq[i] + 2 * qc] = (float)a->mult[2 * T + i] * gz;
+                }
             }
             for (j = 0; j < 8; j++) {
                 if ((vs >> j) & 1) {
@@ -760,16 +783,19 @@ cdef extern from *:
             }
         }
     }
+    /* the usual channel counts with the channel loops unrolled, per input kind */
+    #define GS3D_CL_CASES(XK) switch (a->C) { \
+            case 8: gs3d_cl_run(a, 8, XK); break; \
+            case 16: gs3d_cl_run(a, 16, XK); break; \
+            case 24: gs3d_cl_run(a, 24, XK); break; \
+            case 32: gs3d_cl_run(a, 32, XK); break; \
+            default: gs3d_cl_run(a, a->C, XK); }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) {
-        /* the usual channel counts with the channel loops unrolled */
-        switch (a->C) {
-            case 8: gs3d_cl_run(a, 8); break;
-            case 16: gs3d_cl_run(a, 16); break;
-            case 24: gs3d_cl_run(a, 24); break;
-            case 32: gs3d_cl_run(a, 32); break;
-            default: gs3d_cl_run(a, a->C);
-        }
+        if (a->xkind == 0) { GS3D_CL_CASES(0) }
+        else if (a->xkind == 1) { GS3D_CL_CASES(1) }
+        else { GS3D_CL_CASES(2) }
     }
+    #undef GS3D_CL_CASES
     /* The forward's channels-last loop for float32, C a multiple of 8 (AVX2 build), with
        forward_tile's bits: per channel, from +0, w_j * x_j added corner by corner in corner
        order over the corners in bounds. */
@@ -842,6 +868,8 @@ cdef extern from *:
         float* A
         const float* go
         float* dq
+        const uint16_t* xh
+        float* gq
         const Py_ssize_t* ob
         const Py_ssize_t* oq
         const Py_ssize_t* xb
@@ -855,7 +883,7 @@ cdef extern from *:
         const unsigned char* vs
         const unsigned char* own
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
-        int cnt, tile, ahead
+        int cnt, tile, ahead, xkind
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
     ctypedef struct gs3d_clf_args:
         const float* x

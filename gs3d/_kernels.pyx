@@ -1456,22 +1456,39 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                     A[ao(t, i, j)] += corner_weight(t, i, j, A) * goc
         return
     if xc == 1 and (ac == 1 or not do_dx):
+        # the loop below in C with AVX2 (gs3d_backward_cl_avx2), same bits: float32, and
+        # 16-bit storage with grad_output converted into ``dots`` first (C values per point)
+        # and the grid gradient, in float32, after them (3 per point), rounded here
+        if acc_t is float:
+            if GS3D_HAVE_SIMD_GATHER and gc == 1 and C % 8 == 0:
+                cl.A, cl.ob, cl.oq, cl.xb, cl.ab = A, t.ob, t.oq, t.xb, t.ab
+                cl.xd, cl.ad = t.xd, t.ad
+                cl.f, cl.w, cl.mult, cl.vd, cl.vs, cl.own = t.f, t.w, t.mult, t.vd, t.vs, t.own
+                cl.C, cl.qc = C, g.os[4]
+                cl.px_lo, cl.px_n, cl.pa_lo, cl.pa_n = t.px_lo, t.px_n, t.pa_lo, t.pa_n
+                cl.cnt, cl.tile, cl.ahead = cnt, TILE, AHEAD
+                if store_t is float:
+                    cl.x, cl.go, cl.dq, cl.xkind = x, grad, dq, 0
+                    gs3d_backward_cl_avx2(&cl)
+                    return
+                elif store_t is not double:
+                    if GS3D_HAVE_HALF_SIMD and (C + 3) * TILE <= STAGE:
+                        for i in range(cnt):
+                            if t.vs[i] or (t.own[i] and t.vd[i]):
+                                load_channels(grad, t.ob[i], C, hk, &dots[i * C])
+                        cl.xh, cl.go, cl.gq = x, dots, &dots[C * TILE]
+                        cl.xkind = 2 if hk == HALF_BF16 else 1
+                        gs3d_backward_cl_avx2(&cl)
+                        for i in range(cnt):
+                            if t.own[i]:
+                                for j in range(3):
+                                    st(dq, t.oq[i] + j * g.os[4], dots[C * TILE + 3 * i + j], hk)
+                        return
         # channels contiguous in the input and the accumulator (NDHWC, or the channels-last
         # copies of NCDHW): per point, short vector loops over the channels of each corner.
         # grad_output may have any channel stride; when it is not 1, the values of a group of
         # points are first gathered channel by channel into ``dots`` (64 * TILE values), so
         # each channel's run of consecutive points is read in one go
-        if store_t is float and acc_t is float:
-            if GS3D_HAVE_SIMD_GATHER and gc == 1 and C % 8 == 0:
-                # the same loop in C with AVX2 (gs3d_backward_cl_avx2): same bits
-                cl.x, cl.A, cl.go, cl.dq = x, A, grad, dq
-                cl.ob, cl.oq, cl.xb, cl.ab, cl.xd, cl.ad = t.ob, t.oq, t.xb, t.ab, t.xd, t.ad
-                cl.f, cl.w, cl.mult, cl.vd, cl.vs, cl.own = t.f, t.w, t.mult, t.vd, t.vs, t.own
-                cl.C, cl.qc = C, g.os[4]
-                cl.px_lo, cl.px_n, cl.pa_lo, cl.pa_n = t.px_lo, t.px_n, t.pa_lo, t.pa_n
-                cl.cnt, cl.tile, cl.ahead = cnt, TILE, AHEAD
-                gs3d_backward_cl_avx2(&cl)
-                return
         per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C)) if gc != 1 else 0
         i0 = 0
         while i0 < cnt:

@@ -218,15 +218,21 @@ def _run_with(module, fn):
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
-def test_simd_variants_agree_bitwise(layout, dtype):
+@pytest.mark.parametrize("C,N,threads", [(18, 2, 2), (24, 2, 2), (24, 1, 3)])
+def test_simd_variants_agree_bitwise(layout, dtype, C, N, threads):
     """The AVX2 build (runtime dispatch) and the baseline build give the same bits (the
-    16-bit dot products of the AVX2 build, gs3d_dot_h, included)."""
+    16-bit dot products of the AVX2 build, gs3d_dot_h, included; C = 18: vector loops and a
+    tail; C = 24: the channels-last tile consumers in C, gs3d_backward_cl_avx2 and
+    gs3d_forward_cl_avx2, with whole batch items per thread and, at N = 1, depth slabs)."""
     g, x, q = _case(np.random.default_rng(5), dtype, layout)
-    g = np.repeat(g, 6, axis=1 if layout == "NCDHW" else 4)     # C = 18: vector loops + tail
-    x = np.repeat(x, 6, axis=1 if layout == "NCDHW" else 4)
+    ax = 1 if layout == "NCDHW" else 4
+    # C // 3 scaled copies of the 3 channels, so no two channels are alike
+    g, x = (np.concatenate([a.astype(np.float64) * (1 + 0.37 * k) for k in range(C // 3)],
+                           axis=ax)[:N].astype(a.dtype) for a in (g, x))
+    q = q[:N]
     results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
-                                                                 num_threads=2)
-                         + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2),))
+                                                                 num_threads=threads)
+                         + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=threads),))
                for m in _kernel_modules()]
     for a, b in zip(*results):
         assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
