@@ -280,11 +280,12 @@ cdef extern from *:
        out + ob[i] (ob not NULL) or out + (i - i0) * C */
     typedef struct {
         const float* x; float* out;
+        const uint16_t* xh;     /* 16-bit input (x unused), of kind xkind: 1 float16, 2 bfloat16 */
         const Py_ssize_t *ob, *xb, *xd;
         const double* w;
         const unsigned char* vs;
         Py_ssize_t C, px_lo, px_n;
-        int i0, i1, cnt, tile, ahead;
+        int i0, i1, cnt, tile, ahead, xkind;
     } gs3d_clf_args;
     #if defined(__AVX2__)
     #include <immintrin.h>
@@ -680,20 +681,21 @@ cdef extern from *:
         }
     }
     /* eight input values at offset off as float32 (exact) */
-    GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8(const gs3d_cl_args* a, Py_ssize_t off, const int xk) {
-        if (xk == 0) return _mm256_loadu_ps(a->x + off);
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8(const float* x, const uint16_t* xh, Py_ssize_t off,
+                                          const int xk) {
+        if (xk == 0) return _mm256_loadu_ps(x + off);
     #if defined(__F16C__)
-        if (xk == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(a->xh + off)));
+        if (xk == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(xh + off)));
     #endif
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
-            _mm_loadu_si128((const __m128i*)(a->xh + off))), 16));
+            _mm_loadu_si128((const __m128i*)(xh + off))), 16));
     }
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const gs3d_cl_args* a, const float* go, Py_ssize_t off,
                                           Py_ssize_t C, const int xk) {
         __m256 s = _mm256_setzero_ps();
         Py_ssize_t c;
         for (c = 0; c < C; c += 8)
-            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_loadu_ps(go + c), gs3d_cl_ld8(a, off + c, xk)));
+            s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_loadu_ps(go + c), gs3d_cl_ld8(a->x, a->xh, off + c, xk)));
         return s;
     }
     /* lanes 0 + 4, 1 + 5, 2 + 6, 3 + 7 of a (low half) and of b (high half) */
@@ -796,10 +798,11 @@ cdef extern from *:
         else { GS3D_CL_CASES(2) }
     }
     #undef GS3D_CL_CASES
-    /* The forward's channels-last loop for float32, C a multiple of 8 (AVX2 build), with
+    /* The forward's channels-last loop for C a multiple of 8 (AVX2 build), with
        forward_tile's bits: per channel, from +0, w_j * x_j added corner by corner in corner
-       order over the corners in bounds. */
-    GS3D_ALWAYS_INLINE void gs3d_clf_run(const gs3d_clf_args* a, const Py_ssize_t C) {
+       order over the corners in bounds.  16-bit inputs are converted as gs3d_cl_ld8 does (the
+       caller stages the float32 results and rounds them). */
+    GS3D_ALWAYS_INLINE void gs3d_clf_run(const gs3d_clf_args* a, const Py_ssize_t C, const int xk) {
         const Py_ssize_t T = a->tile;
         int i, j, r;
         Py_ssize_t c;
@@ -810,28 +813,32 @@ cdef extern from *:
             if (k < a->cnt && a->vs[k])
                 for (r = 0; r < 4; r++)
                     if ((a->vs[k] >> (2 * r)) & 3)
-                        gs3d_cl_span((const char*)(a->x + a->xb[k] + a->xd[2 * r]) + a->px_lo,
-                                     a->px_n);
+                        gs3d_cl_span((xk ? (const char*)(a->xh + a->xb[k] + a->xd[2 * r])
+                                         : (const char*)(a->x + a->xb[k] + a->xd[2 * r]))
+                                     + a->px_lo, a->px_n);
             for (c = 0; c < C; c += 8) {
                 __m256 s = _mm256_setzero_ps();
                 for (j = 0; j < 8; j++)
                     if ((vs >> j) & 1)
                         s = _mm256_add_ps(s, _mm256_mul_ps(
                             _mm256_set1_ps((float)a->w[j * T + i]),
-                            _mm256_loadu_ps(a->x + a->xb[i] + a->xd[j] + c)));
+                            gs3d_cl_ld8(a->x, a->xh, a->xb[i] + a->xd[j] + c, xk)));
                 _mm256_storeu_ps(o + c, s);
             }
         }
     }
+    #define GS3D_CLF_CASES(XK) switch (a->C) { \
+            case 8: gs3d_clf_run(a, 8, XK); break; \
+            case 16: gs3d_clf_run(a, 16, XK); break; \
+            case 24: gs3d_clf_run(a, 24, XK); break; \
+            case 32: gs3d_clf_run(a, 32, XK); break; \
+            default: gs3d_clf_run(a, a->C, XK); }
     static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) {
-        switch (a->C) {
-            case 8: gs3d_clf_run(a, 8); break;
-            case 16: gs3d_clf_run(a, 16); break;
-            case 24: gs3d_clf_run(a, 24); break;
-            case 32: gs3d_clf_run(a, 32); break;
-            default: gs3d_clf_run(a, a->C);
-        }
+        if (a->xkind == 0) { GS3D_CLF_CASES(0) }
+        else if (a->xkind == 1) { GS3D_CLF_CASES(1) }
+        else { GS3D_CLF_CASES(2) }
     }
+    #undef GS3D_CLF_CASES
     #else
     #define GS3D_HAVE_SIMD_GATHER 0
     static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
@@ -888,13 +895,14 @@ cdef extern from *:
     ctypedef struct gs3d_clf_args:
         const float* x
         float* out
+        const uint16_t* xh
         const Py_ssize_t* ob
         const Py_ssize_t* xb
         const Py_ssize_t* xd
         const double* w
         const unsigned char* vs
         Py_ssize_t C, px_lo, px_n
-        int i0, i1, cnt, tile, ahead
+        int i0, i1, cnt, tile, ahead, xkind
     void gs3d_forward_cl_avx2(const gs3d_clf_args* a) noexcept nogil
     void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
                               Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,

@@ -812,17 +812,27 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C))
         if store_t is float and acc_t is float:
             use_cl = GS3D_HAVE_SIMD_GATHER and C % 8 == 0 and (per or oc == 1)
+        elif store_t is not double and acc_t is float:
+            # 16-bit storage: always staged (the results are rounded by st below)
+            if GS3D_HAVE_HALF_SIMD and C % 8 == 0 and obuf != NULL:
+                use_cl = True
+                per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C))
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
             if use_cl:
-                if store_t is float and acc_t is float:
+                if acc_t is float:
                     # the loop below in C with AVX2 (gs3d_forward_cl_avx2): same bits
-                    clf.x, clf.out = x, obuf if per else out
-                    clf.ob, clf.xb, clf.xd, clf.w, clf.vs = NULL if per else t.ob, t.xb, t.xd, \
-                        t.w, t.vs
+                    clf.xb, clf.xd, clf.w, clf.vs = t.xb, t.xd, t.w, t.vs
                     clf.C, clf.px_lo, clf.px_n = C, t.px_lo, t.px_n
                     clf.i0, clf.i1, clf.cnt, clf.tile, clf.ahead = i0, i1, cnt, TILE, AHEAD
+                    clf.out, clf.ob = obuf, NULL
+                    if store_t is float:
+                        clf.x, clf.xkind = x, 0
+                        if not per:
+                            clf.out, clf.ob = out, t.ob
+                    elif store_t is not double:
+                        clf.xh, clf.xkind = x, 2 if hk == HALF_BF16 else 1
                     gs3d_forward_cl_avx2(&clf)
             else:
                 for i in range(i0, i1):
@@ -840,7 +850,12 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                     if not per:
                         for c in range(C):
                             st(out, t.ob[i] + c * oc, r[c], hk)
-            if per:
+            if per and use_cl and oc == 1:
+                # 16-bit channels-last output: each point's C values rounded eight at a time
+                if store_t is not double and store_t is not float and acc_t is float:
+                    for i in range(i0, i1):
+                        gs3d_store_h(&obuf[(i - i0) * C], &out[t.ob[i]], C, hk == HALF_BF16)
+            elif per:
                 for c in range(C):
                     for i in range(i0, i1):
                         st(out, t.ob[i] + c * oc, obuf[(i - i0) * C + c], hk)

@@ -644,6 +644,41 @@ def test_half_input_grad_rounding_agrees_across_builds(layout, dtype):
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_forward_ties_and_nan_payloads_agree_across_builds(layout, dtype):
+    """Points halfway between two voxels whose 16-bit values differ by one unit with an odd
+    first one: the float32 sample is an exact tie that must round up to the even value.  Some
+    channels hold NaNs with payloads.  The AVX2 build stages a tile's samples and rounds each
+    point's channels eight at a time (gs3d_store_h); both builds give the same bits."""
+    dt = np_dtype(dtype)
+    ulp = 2.0 ** (-7 if dtype == "bfloat16" else -10)
+    rng = np.random.default_rng(15)
+    C, P = 16, 70
+    scale = 2.0 ** rng.integers(-3, 10, (1, C, 1, 1, 1)) * rng.choice([-1, 1], (1, C, 1, 1, 1))
+    x = np.concatenate([(1 + ulp) * scale, (1 + 2 * ulp) * scale], axis=4)
+    x = np.repeat(np.repeat(x, 2, axis=2), 2, axis=3).astype(np.float32)
+    x[0, ::5, 0, 0, 1] = np.array([0x7FE00000, 0xFFF00000, 0x7FC10000, 0xFFC30000],
+                                  np.uint32).view(np.float32)
+    x = x.astype(dt)
+    q = np.zeros((1, 1, 1, P, 3))                 # x = 0: halfway between the two columns
+    q[..., 1:] = rng.choice([-1.0, 1.0], (1, 1, 1, P, 2))          # y, z on voxel centres
+    q = q.astype(dt)
+    if layout == "NDHWC":
+        x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
+    for t in (1, 2):
+        res = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, layout=layout, align_corners=True,
+                                                        num_threads=t))
+               for m in _kernel_modules()]
+        assert np.array_equal(res[0].view(np.uint16), res[1].view(np.uint16))
+        out = np.asarray(res[1] if layout == "NCDHW" else np.moveaxis(res[1], 4, 1))
+        out = out.astype(np.float64)[0, :, 0, 0]                       # (C, P)
+        nan = np.isnan(out)
+        assert nan[::5].any() and not nan[1::5].any()
+        want = np.broadcast_to((1 + 2 * ulp) * scale[0, :, 0, 0], out.shape)
+        assert np.array_equal(out[~nan], want[~nan])
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_input_grad_ties_and_nan_payloads_agree_across_builds(layout, dtype):
     """Two output points land exactly on each voxel of one plane (weights exactly 1), so the
     float32 sums are exact ties between two 16-bit values with an odd last bit (round to
