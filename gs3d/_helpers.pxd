@@ -399,11 +399,36 @@ cdef extern from *:
             }
         }
     }
+    /* prefetch_span: every cache line of [p, p + n), n > 0 */
+    GS3D_ALWAYS_INLINE void gs3d_cl_span(const char* p, Py_ssize_t n) {
+        const char* end = p + n;
+        if (n <= 64) { gs3d_prefetch(p); gs3d_prefetch(end - 1); return; }
+        p -= ((size_t)p) & 63;
+        for (; p < end; p += 64) gs3d_prefetch(p);
+    }
+    /* the same for whole rows of nbytes from each corner row's start (channels-last input) */
+    static inline void gs3d_prefetch_rows8(const float* v, __m256i off, unsigned lanes,
+                                           Py_ssize_t sy, Py_ssize_t sz, Py_ssize_t nbytes) {
+        int bo[8], l;
+        _mm256_storeu_si256((__m256i*)bo, off);
+        for (l = 0; l < 8; l++) {
+            if ((lanes >> l) & 1) {
+                const char* c0 = (const char*)v + 4 * (Py_ssize_t)bo[l];
+                gs3d_cl_span(c0, nbytes);
+                gs3d_cl_span(c0 + 4 * sy, nbytes);
+                gs3d_cl_span(c0 + 4 * sz, nbytes);
+                gs3d_cl_span(c0 + 4 * (sy + sz), nbytes);
+            }
+        }
+    }
     /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op + c * oc];
        the input x (batch item applied) has element strides sx, sy, sz, xc along W, H, D and
        the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
        point's four corner rows (of the first channel), then, channel by channel, the gathers,
-       so that the rows have a tile's worth of time to arrive. */
+       so that the rows have a tile's worth of time to arrive.  With the channels contiguous
+       in both the input and the output and C a multiple of 8 (``rows``), the whole corner
+       rows are prefetched and each point's channels are summed eight at a time with
+       contiguous loads instead (same arithmetic, per channel and corner). */
     static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                      Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
@@ -412,6 +437,8 @@ cdef extern from *:
         float r[8];
         gs3d_block8 blk[8];
         __m256i idx[3], m, okv[3];
+        /* channels contiguous in the input and the output, C a multiple of 8 */
+        const int rows = xc == 1 && oc == 1 && C % 8 == 0;
         __m256 s, v, mv[3];
         Py_ssize_t p0, p, c;
         int l, j, k, b, nb;
@@ -423,7 +450,10 @@ cdef extern from *:
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
                 gs3d_map8(q + p * qp, qp, qc, k, W, H, D, align, border, idx, B->m, B->w, okv, mv);
                 B->base = gs3d_offset8(idx, sx, sy, sz);
-                gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
+                if (rows)
+                    gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, 4 * (sx + C));
+                else
+                    gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
             }
             for (b = 0; b < nb; b++) {
                 const gs3d_block8* B = &blk[b];
@@ -436,6 +466,29 @@ cdef extern from *:
                     mj[j] = _mm256_and_si256(_mm256_and_si256(B->m[jx], B->m[2 + jy]), B->m[4 + jz]);
                     wj[j] = _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]));
                     oj[j] = _mm256_add_epi32(B->base, _mm256_set1_epi32((int)(jz * sz + jy * sy + jx * sx)));
+                }
+                if (rows) {
+                    /* point by point, eight contiguous channels per load */
+                    float wl[8][8];
+                    int ol[8][8];
+                    unsigned mb[8];
+                    for (j = 0; j < 8; j++) {
+                        _mm256_storeu_ps(wl[j], wj[j]);
+                        _mm256_storeu_si256((__m256i*)ol[j], oj[j]);
+                        mb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mj[j]));
+                    }
+                    for (l = 0; l < k; l++) {
+                        float* o = out + (p + l) * op;
+                        for (c = 0; c < C; c += 8) {
+                            s = _mm256_setzero_ps();
+                            for (j = 0; j < 8; j++)
+                                if ((mb[j] >> l) & 1)
+                                    s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(wl[j][l]),
+                                                                       _mm256_loadu_ps(x + ol[j][l] + c)));
+                            _mm256_storeu_ps(o + c, s);
+                        }
+                    }
+                    continue;
                 }
                 for (c = 0; c < C; c++) {
                     const float* xcp = x + c * xc;
@@ -660,13 +713,6 @@ cdef extern from *:
        is read as gs3d_dot_h reads it (eight values converted exactly), grad_output comes
        already converted (go + C i for point i) and the grid gradient, in float32, goes to gq
        for the caller to round. */
-    /* prefetch_span: every cache line of [p, p + n), n > 0 */
-    GS3D_ALWAYS_INLINE void gs3d_cl_span(const char* p, Py_ssize_t n) {
-        const char* end = p + n;
-        if (n <= 64) { gs3d_prefetch(p); gs3d_prefetch(end - 1); return; }
-        p -= ((size_t)p) & 63;
-        for (; p < end; p += 64) gs3d_prefetch(p);
-    }
     /* prefetch_corners for point k: the rows it gathers from and scatters into */
     GS3D_ALWAYS_INLINE void gs3d_cl_prefetch(const gs3d_cl_args* a, int k) {
         const unsigned gm = a->own[k] ? a->vd[k] : 0, sm = a->vs[k];

@@ -266,9 +266,11 @@ cdef bint int32_offsets(Geo* g, const Py_ssize_t* st) noexcept nogil:
 
 cdef void enable_simd_gather(Geo* g) noexcept nogil:
     """Use the AVX2 gather forward (float32 callers only; gs3d_forward_gather_avx2) where it
-    applies: at most GATHER_MAX_C channels, bilinear, zeros or border padding, grid and output
+    applies: at most GATHER_MAX_C channels (or a multiple of 8 contiguous in the input and the
+    output: its point-by-point branch), bilinear, zeros or border padding, grid and output
     points at fixed steps, int32 offsets."""
-    g.simd_gather = (GS3D_HAVE_SIMD_GATHER and g.C <= GATHER_MAX_C and g.mode == MODE_BILINEAR
+    g.simd_gather = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR
+                     and (g.C <= GATHER_MAX_C or (g.C % 8 == 0 and g.xs[4] == 1 and g.gs[4] == 1))
                      and g.padding != PAD_REFLECTION and int32_offsets(g, &g.xs[1])
                      and flat_points(g.qs, g, &g.qp) and flat_points(g.gs, g, &g.op))
 

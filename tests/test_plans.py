@@ -369,11 +369,13 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "out_view", "negative_strides", "ndhwc",
-                                     "two_threads"])
-@pytest.mark.parametrize("C", [1, 4])
-def test_few_channel_float32_forward_strides_agree_across_builds(variant, C):
+                                     "ndhwc_views", "two_threads"])
+@pytest.mark.parametrize("C", [1, 4, 16])
+def test_float32_forward_strides_agree_across_builds(variant, C):
     """Grids whose points are not at one fixed step (the scalar path), strided outputs, volumes
-    read backwards, the NDHWC layout and threads: both builds give the same bits."""
+    read backwards, the NDHWC layout (C = 16: the point-by-point branch of the gather
+    forward), also read backwards into an output view, and threads: both builds give the same
+    bits."""
     rng = np.random.default_rng(21)
     x = rng.standard_normal((2, C, 6, 7, 9)).astype(np.float32)
     q = _c1_grid(rng, 2 * 3 * 4 * 11, 7).reshape(2, 3, 4, 11, 3).astype(np.float32)
@@ -386,16 +388,23 @@ def test_few_channel_float32_forward_strides_agree_across_builds(variant, C):
     elif variant == "ndhwc":
         x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
         kw["layout"] = "NDHWC"
+    elif variant == "ndhwc_views":
+        x = np.ascontiguousarray(np.moveaxis(x, 1, 4))[:, ::-1, :, ::-1]
+        kw["layout"] = "NDHWC"
     elif variant == "two_threads":
         kw["num_threads"] = 2
     results = []
     for module in _kernel_modules():
         if variant == "out_view":
             out = np.full((2, C, 3, 4, 22), 5.0, np.float32)[..., ::2]
+        elif variant == "ndhwc_views":
+            out = np.full((2, 3, 4, 22, C), 5.0, np.float32)[:, :, :, ::2]
         results.append(_run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw)))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     if variant == "out_view":
         assert results[1].base is not None and np.all(results[1].base[..., 1::2] == 5.0)
+    if variant == "ndhwc_views":
+        assert results[1].base is not None and np.all(results[1].base[:, :, :, 1::2] == 5.0)
 
 
 def _backward_both_builds(go, x, q, **kw):
