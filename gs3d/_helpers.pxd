@@ -406,6 +406,25 @@ cdef extern from *:
         p -= ((size_t)p) & 63;
         for (; p < end; p += 64) gs3d_prefetch(p);
     }
+    /* v[i][j] <- v[j][i] (8 x 8 floats) */
+    GS3D_ALWAYS_INLINE void gs3d_transpose8(__m256* v) {
+        __m256 t[8], u[8];
+        int i;
+        for (i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+        }
+        for (i = 0; i < 8; i += 4) {
+            u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+            u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        for (i = 0; i < 4; i++) {
+            v[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+            v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+        }
+    }
     /* the same for whole rows of nbytes from each corner row's start (channels-last input) */
     static inline void gs3d_prefetch_rows8(const float* v, __m256i off, unsigned lanes,
                                            Py_ssize_t sy, Py_ssize_t sz, Py_ssize_t nbytes) {
@@ -426,9 +445,11 @@ cdef extern from *:
        the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
        point's four corner rows (of the first channel), then, channel by channel, the gathers,
        so that the rows have a tile's worth of time to arrive.  With the channels contiguous
-       in both the input and the output and C a multiple of 8 (``rows``), the whole corner
-       rows are prefetched and each point's channels are summed eight at a time with
-       contiguous loads instead (same arithmetic, per channel and corner). */
+       in the input and either contiguous in the output or with the output's points at step 1
+       (NCDHW), and C a multiple of 8 (``rows``), the whole corner rows are prefetched and
+       each point's channels are summed eight at a time with contiguous loads instead (same
+       arithmetic, per channel and corner); into NCDHW, eight points' sums are transposed into
+       eight channel runs. */
     static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                      Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
@@ -437,8 +458,9 @@ cdef extern from *:
         float r[8];
         gs3d_block8 blk[8];
         __m256i idx[3], m, okv[3];
-        /* channels contiguous in the input and the output, C a multiple of 8 */
-        const int rows = xc == 1 && oc == 1 && C % 8 == 0;
+        /* channels contiguous in the input and the output (or the output's points at step 1),
+           C a multiple of 8 */
+        const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
         __m256 s, v, mv[3];
         Py_ssize_t p0, p, c;
         int l, j, k, b, nb;
@@ -477,15 +499,32 @@ cdef extern from *:
                         _mm256_storeu_si256((__m256i*)ol[j], oj[j]);
                         mb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mj[j]));
                     }
-                    for (l = 0; l < k; l++) {
-                        float* o = out + (p + l) * op;
-                        for (c = 0; c < C; c += 8) {
+                    for (c = 0; c < C; c += 8) {
+                        __m256 sv[8];
+                        for (l = 0; l < k; l++) {
                             s = _mm256_setzero_ps();
                             for (j = 0; j < 8; j++)
                                 if ((mb[j] >> l) & 1)
                                     s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(wl[j][l]),
                                                                        _mm256_loadu_ps(x + ol[j][l] + c)));
-                            _mm256_storeu_ps(o + c, s);
+                            if (oc == 1)
+                                _mm256_storeu_ps(out + (p + l) * op + c, s);
+                            else
+                                sv[l] = s;
+                        }
+                        if (oc != 1) {
+                            /* channels strided, points at step 1: eight channel runs */
+                            if (k == 8) {
+                                gs3d_transpose8(sv);
+                                for (j = 0; j < 8; j++)
+                                    _mm256_storeu_ps(out + p + (c + j) * oc, sv[j]);
+                            } else {
+                                for (l = 0; l < k; l++) {
+                                    _mm256_storeu_ps(r, sv[l]);
+                                    for (j = 0; j < 8; j++)
+                                        out[p + l + (c + j) * oc] = r[j];
+                                }
+                            }
                         }
                     }
                     continue;

@@ -266,13 +266,16 @@ cdef bint int32_offsets(Geo* g, const Py_ssize_t* st) noexcept nogil:
 
 cdef void enable_simd_gather(Geo* g) noexcept nogil:
     """Use the AVX2 gather forward (float32 callers only; gs3d_forward_gather_avx2) where it
-    applies: at most GATHER_MAX_C channels (or a multiple of 8 contiguous in the input and the
-    output: its point-by-point branch), bilinear, zeros or border padding, grid and output
-    points at fixed steps, int32 offsets."""
+    applies: at most GATHER_MAX_C channels (or a multiple of 8 contiguous in the input, and in
+    the output or with its points at step 1: its point-by-point branch), bilinear, zeros or
+    border padding, grid and output points at fixed steps, int32 offsets."""
     g.simd_gather = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR
-                     and (g.C <= GATHER_MAX_C or (g.C % 8 == 0 and g.xs[4] == 1 and g.gs[4] == 1))
+                     and (g.C <= GATHER_MAX_C or (g.C % 8 == 0 and g.xs[4] == 1))
                      and g.padding != PAD_REFLECTION and int32_offsets(g, &g.xs[1])
                      and flat_points(g.qs, g, &g.qp) and flat_points(g.gs, g, &g.op))
+    if g.C > GATHER_MAX_C:
+        # the point-by-point branch: output channels contiguous, or its points at step 1
+        g.simd_gather = g.simd_gather and (g.gs[4] == 1 or g.op == 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -925,7 +928,10 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
         enable_simd_gather(g)
     if (not g.simd_gather and channels_last_geo(g, &gT, As)
             and nxcl >= g.D * g.H * g.W * g.C):
-        # batch item by batch item: a channels-last copy of the input, then its tiles
+        # batch item by batch item: a channels-last copy of the input, then its tiles (the
+        # gather forward's point-by-point branch where it applies)
+        if store_t is float:
+            enable_simd_gather(&gT)
         for n in range(g.N):
             if nthreads == 1:
                 transpose_planes(&x[n * g.xs[0]], g, xcl, 0, g.D)
