@@ -275,6 +275,7 @@ cdef extern from *:
         const unsigned char *vd, *vs, *own;
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n;
         int cnt, tile, ahead, xkind;
+        int staged;             /* grad_output of point i at go + C i (else go + ob[i]) */
     } gs3d_cl_args;
     /* arguments of gs3d_forward_cl_avx2: the tile's points [i0, i1), point i written at
        out + ob[i] (ob not NULL) or out + (i - i0) * C */
@@ -425,14 +426,15 @@ cdef extern from *:
             v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
         }
     }
-    /* the same for whole rows of nbytes from each corner row's start (channels-last input) */
+    /* the same for whole rows: nbytes from lo bytes after each corner row's x0 */
     static inline void gs3d_prefetch_rows8(const float* v, __m256i off, unsigned lanes,
-                                           Py_ssize_t sy, Py_ssize_t sz, Py_ssize_t nbytes) {
+                                           Py_ssize_t sy, Py_ssize_t sz, Py_ssize_t lo,
+                                           Py_ssize_t nbytes) {
         int bo[8], l;
         _mm256_storeu_si256((__m256i*)bo, off);
         for (l = 0; l < 8; l++) {
             if ((lanes >> l) & 1) {
-                const char* c0 = (const char*)v + 4 * (Py_ssize_t)bo[l];
+                const char* c0 = (const char*)v + 4 * (Py_ssize_t)bo[l] + lo;
                 gs3d_cl_span(c0, nbytes);
                 gs3d_cl_span(c0 + 4 * sy, nbytes);
                 gs3d_cl_span(c0 + 4 * sz, nbytes);
@@ -461,6 +463,8 @@ cdef extern from *:
         /* channels contiguous in the input and the output (or the output's points at step 1),
            C a multiple of 8 */
         const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
+        /* byte range of a corner row (x0 and x1 with their channels) from x0 */
+        const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
         __m256 s, v, mv[3];
         Py_ssize_t p0, p, c;
         int l, j, k, b, nb;
@@ -472,8 +476,8 @@ cdef extern from *:
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
                 gs3d_map8(q + p * qp, qp, qc, k, W, H, D, align, border, idx, B->m, B->w, okv, mv);
                 B->base = gs3d_offset8(idx, sx, sy, sz);
-                if (rows)
-                    gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, 4 * (sx + C));
+                if (rows && rlen <= 512)
+                    gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
                 else
                     gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
             }
@@ -750,8 +754,8 @@ cdef extern from *:
        axis when all eight corners are in bounds, else the signed sum over corners); the
        scatter is gs3d_axpy_f's, corner by corner.  16-bit storage (xkind 1 or 2): the input
        is read as gs3d_dot_h reads it (eight values converted exactly), grad_output comes
-       already converted (go + C i for point i) and the grid gradient, in float32, goes to gq
-       for the caller to round. */
+       already converted (staged: go + C i for point i) and the grid gradient, in float32, goes
+       to gq for the caller to round.  The caller has prefetched the first ``ahead`` points. */
     /* prefetch_corners for point k: the rows it gathers from and scatters into */
     GS3D_ALWAYS_INLINE void gs3d_cl_prefetch(const gs3d_cl_args* a, int k) {
         const unsigned gm = a->own[k] ? a->vd[k] : 0, sm = a->vs[k];
@@ -771,6 +775,8 @@ cdef extern from *:
         if (xk == 0) return _mm256_loadu_ps(x + off);
     #if defined(__F16C__)
         if (xk == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(xh + off)));
+    #else
+    #error "the AVX2 kernels need F16C (-mf16c)"
     #endif
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
             _mm_loadu_si128((const __m128i*)(xh + off))), 16));
@@ -795,12 +801,9 @@ cdef extern from *:
         __m256 v[8], e, h;
         int i, j;
         Py_ssize_t c;
-        for (i = 0; i < cnt && i < a->ahead; i++)
-            if (a->vs[i] || (a->own[i] && a->vd[i]))
-                gs3d_cl_prefetch(a, i);
         for (i = 0; i < cnt; i++) {
             const unsigned own = a->own[i], vs = a->vs[i], vd = own ? a->vd[i] : 0;
-            const float* go = xk ? a->go + C * i : a->go + a->ob[i];
+            const float* go = a->staged ? a->go + C * i : a->go + a->ob[i];
             const int k = i + a->ahead;
             if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
                 gs3d_cl_prefetch(a, k);
@@ -975,7 +978,7 @@ cdef extern from *:
         const unsigned char* vs
         const unsigned char* own
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
-        int cnt, tile, ahead, xkind
+        int cnt, tile, ahead, xkind, staged
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
     ctypedef struct gs3d_clf_args:
         const float* x

@@ -102,6 +102,10 @@ cdef enum:
 # measured at one thread against the tile loop (float32, smooth and random grids): C = 1-8
 # 1.2-2.9x faster in both layouts, C = 16 0.97-1.18x, C = 32 NCDHW random 0.71x (every
 # channel's gathers miss anew; the channels-last copy keeps a corner's channels together).
+# Beyond GATHER_MAX_C it runs only with channels contiguous in the input (NDHWC, or the
+# channels-last copy of NCDHW) and C a multiple of 8, reading each corner's channels with
+# contiguous loads: against the tile loop with its C consumer, at one thread, 1x16x32^3
+# 1.3-1.7x (NDHWC out) and 1.3-1.55x (NCDHW out), 1x8x48^3 NDHWC 1.2x.
 cdef enum:
     GATHER_MAX_C = 8
 
@@ -813,21 +817,23 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
         # channels contiguous in the input (NDHWC, or the channels-last copy of NCDHW); the
         # output may have any channel stride
         per = 0
-        if oc != 1 and obuf != NULL:
-            per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C))
+        if oc != 1 and obuf != NULL and C <= STAGE:    # (a point's C values fit)
+            per = <int>min(<Py_ssize_t>TILE, STAGE // C)
         if store_t is float and acc_t is float:
             use_cl = GS3D_HAVE_SIMD_GATHER and C % 8 == 0 and (per or oc == 1)
         elif store_t is not double and acc_t is float:
-            # 16-bit storage: always staged (the results are rounded by st below)
-            if GS3D_HAVE_HALF_SIMD and C % 8 == 0 and obuf != NULL:
+            # 16-bit storage: always staged, the results rounded below (gs3d_store_h for a
+            # channels-last output, else st)
+            if GS3D_HAVE_HALF_SIMD and C % 8 == 0 and obuf != NULL and C <= STAGE:
                 use_cl = True
-                per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C))
+                per = <int>min(<Py_ssize_t>TILE, STAGE // C)
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
             if use_cl:
                 if acc_t is float:
                     # the loop below in C with AVX2 (gs3d_forward_cl_avx2): same bits
+                    memset(&clf, 0, sizeof(clf))
                     clf.xb, clf.xd, clf.w, clf.vs = t.xb, t.xd, t.w, t.vs
                     clf.C, clf.px_lo, clf.px_n = C, t.px_lo, t.px_n
                     clf.i0, clf.i1, clf.cnt, clf.tile, clf.ahead = i0, i1, cnt, TILE, AHEAD
@@ -1424,6 +1430,8 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
     cdef gs3d_cl_args cl
+    cdef bint staged, cl_ok
+    cdef Py_ssize_t extra
     if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
@@ -1479,40 +1487,52 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                     A[ao(t, i, j)] += corner_weight(t, i, j, A) * goc
         return
     if xc == 1 and (ac == 1 or not do_dx):
-        # the loop below in C with AVX2 (gs3d_backward_cl_avx2), same bits: float32, and
-        # 16-bit storage with grad_output converted into ``dots`` first (C values per point)
-        # and the grid gradient, in float32, after them (3 per point), rounded here
+        # the loop below in C with AVX2 (gs3d_backward_cl_avx2), same bits.  grad_output is
+        # read in place (float32, channel stride 1) or first staged into ``dots`` as float32,
+        # C values per point; 16-bit storage gets the grid gradient in float32 after them
+        # (3 values per point) and rounds it here
         if acc_t is float:
-            if GS3D_HAVE_SIMD_GATHER and gc == 1 and C % 8 == 0:
+            staged, extra, cl_ok = True, 3, GS3D_HAVE_HALF_SIMD
+            if store_t is float:
+                staged, extra, cl_ok = gc != 1, 0, True
+            if (cl_ok and GS3D_HAVE_SIMD_GATHER and C % 8 == 0
+                    and (not staged or (C + extra) * TILE <= STAGE)):
+                memset(&cl, 0, sizeof(cl))
                 cl.A, cl.ob, cl.oq, cl.xb, cl.ab = A, t.ob, t.oq, t.xb, t.ab
                 cl.xd, cl.ad = t.xd, t.ad
                 cl.f, cl.w, cl.mult, cl.vd, cl.vs, cl.own = t.f, t.w, t.mult, t.vd, t.vs, t.own
                 cl.C, cl.qc = C, g.os[4]
                 cl.px_lo, cl.px_n, cl.pa_lo, cl.pa_n = t.px_lo, t.px_n, t.pa_lo, t.pa_n
-                cl.cnt, cl.tile, cl.ahead = cnt, TILE, AHEAD
-                if store_t is float:
-                    cl.x, cl.go, cl.dq, cl.xkind = x, grad, dq, 0
-                    gs3d_backward_cl_avx2(&cl)
-                    return
-                elif store_t is not double:
-                    if GS3D_HAVE_HALF_SIMD and (C + 3) * TILE <= STAGE:
+                cl.cnt, cl.tile, cl.ahead, cl.staged = cnt, TILE, AHEAD, staged
+                if staged:
+                    if gc == 1:
                         for i in range(cnt):
                             if t.vs[i] or (t.own[i] and t.vd[i]):
                                 load_channels(grad, t.ob[i], C, hk, &dots[i * C])
-                        cl.xh, cl.go, cl.gq = x, dots, &dots[C * TILE]
-                        cl.xkind = 2 if hk == HALF_BF16 else 1
-                        gs3d_backward_cl_avx2(&cl)
-                        for i in range(cnt):
-                            if t.own[i]:
-                                for j in range(3):
-                                    st(dq, t.oq[i] + j * g.os[4], dots[C * TILE + 3 * i + j], hk)
-                        return
+                    else:
+                        for c in range(C):
+                            for i in range(cnt):
+                                if t.vs[i] or (t.own[i] and t.vd[i]):
+                                    dots[i * C + c] = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
+                if store_t is float:
+                    cl.x, cl.go, cl.dq, cl.xkind = x, dots if staged else grad, dq, 0
+                    gs3d_backward_cl_avx2(&cl)
+                    return
+                elif store_t is not double:
+                    cl.xh, cl.go, cl.gq = x, dots, &dots[C * TILE]
+                    cl.xkind = 2 if hk == HALF_BF16 else 1
+                    gs3d_backward_cl_avx2(&cl)
+                    for i in range(cnt):
+                        if t.own[i]:
+                            for j in range(3):
+                                st(dq, t.oq[i] + j * g.os[4], dots[C * TILE + 3 * i + j], hk)
+                    return
         # channels contiguous in the input and the accumulator (NDHWC, or the channels-last
         # copies of NCDHW): per point, short vector loops over the channels of each corner.
         # grad_output may have any channel stride; when it is not 1, the values of a group of
         # points are first gathered channel by channel into ``dots`` (64 * TILE values), so
         # each channel's run of consecutive points is read in one go
-        per = <int>min(<Py_ssize_t>TILE, max(<Py_ssize_t>1, STAGE // C)) if gc != 1 else 0
+        per = <int>min(<Py_ssize_t>TILE, STAGE // C) if gc != 1 and C <= STAGE else 0
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
@@ -1531,7 +1551,12 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 if per:
                     gp = &dots[(i - i0) * C]
                 elif vs or vd:
-                    load_channels(grad, t.ob[i], C, hk, go)
+                    if gc == 1:
+                        load_channels(grad, t.ob[i], C, hk, go)
+                    else:
+                        # more channels than ``dots`` holds for one point: strided reads
+                        for c in range(C):
+                            go[c] = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
                     gp = go
                 if t.own[i]:
                     for j in range(8):

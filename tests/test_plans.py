@@ -408,25 +408,30 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
 
 
 def _backward_both_builds(go, x, q, **kw):
-    """grid_sample_3d_backward under the baseline and the AVX2 build, as uint32 views."""
+    """grid_sample_3d_backward under the baseline and the AVX2 build, as unsigned-integer
+    views (their bits)."""
     results = []
     for module in _kernel_modules():
         r = _run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, **kw))
-        results.append([None if a is None else a.view(np.uint32) for a in r])
+        results.append([None if a is None else a.view("u%d" % a.dtype.itemsize) for a in r])
     return results
 
 
-def _points_backward_across_builds(rng, C, n_points, layout, opts):
+def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float32"):
     """The backward of ``n_points`` scattered points (_c1_grid, every fourth on the first
     one's corners) in a 9 x 5 x 6 volume of C channels: both builds give the same bits under
     1 and 3 threads (at N = 1 they split the input gradient into depth slabs) and every
     output_mask, and the float64 reference's values."""
     from gs3d import reference
-    x = rng.standard_normal((1, C, 9, 5, 6)).astype(np.float32)
-    q = _c1_grid(rng, n_points, 6).reshape(1, 1, 1, n_points, 3).astype(np.float32)
+    from conftest import TOLERANCE
+    dt = np_dtype(dtype)
+    x = rng.standard_normal((1, C, 9, 5, 6)).astype(dt)
+    q = _c1_grid(rng, n_points, 6).reshape(1, 1, 1, n_points, 3)
     # some points share corners: their input-gradient contributions meet in one voxel
     q[..., ::4, :] = q[..., :1, :]
-    go = rng.standard_normal((1, C, 1, 1, n_points)).astype(np.float32)
+    with np.errstate(over="ignore"):
+        q = q.astype(dt)            # (float16: the huge coordinates become infinities)
+    go = rng.standard_normal((1, C, 1, 1, n_points)).astype(dt)
     want = reference.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
                                              q.astype(np.float64), **opts)
     if layout == "NDHWC":
@@ -441,11 +446,12 @@ def _points_backward_across_builds(rng, C, n_points, layout, opts):
             if a is None:
                 continue
             assert np.array_equal(a, b), (n_points, threads, mask)
-            got = b.view(np.float32)
+            got = b.view(dt).astype(np.float64)
             finite = np.isfinite(w)
             assert np.array_equal(np.isfinite(got), finite)
             scale = max(np.abs(w[finite]).max(initial=0.0), 1.0)
-            assert np.abs(got[finite] - w[finite]).max(initial=0.0) / scale <= 1e-4
+            tol = 1e-4 if dtype == "float32" else 4 * TOLERANCE[dtype]
+            assert np.abs(got[finite] - w[finite]).max(initial=0.0) / scale <= tol
 
 
 @pytest.mark.parametrize("align", [False, True])
@@ -470,13 +476,29 @@ def test_few_channel_float32_backward_agrees_across_builds(align, padding, C, la
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 def test_multiple_of_eight_channels_float32_backward_agrees_across_builds(layout, C, padding):
     """With a multiple of 8 channels, contiguous channels-last (NDHWC, or NCDHW through its
-    channels-last copies), the AVX2 build consumes each tile in C (gs3d_backward_cl_avx2,
-    unrolled for C = 8 .. 32, a loop for 40); the baseline build runs the Cython loop.  Same
-    bits for edge points, points that sample nothing, shared corners, depth slabs at N = 1
-    (3 threads) and every output_mask, and the float64 reference's values."""
+    channels-last copies, grad_output then staged per tile), the AVX2 build consumes each tile
+    in C (gs3d_backward_cl_avx2, unrolled for C = 8 .. 32, a loop for 40); the baseline build
+    runs the Cython loop.  Same bits for edge points, points that sample nothing, shared
+    corners, depth slabs at N = 1 (3 threads) and every output_mask, and the float64
+    reference's values."""
     _points_backward_across_builds(np.random.default_rng(300 + C), C, 203, layout,
                                    dict(mode="bilinear", padding_mode=padding,
                                         align_corners=False))
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("C", [8, 16, 56, 64])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_multiple_of_eight_channels_half_backward_agrees_across_builds(dtype, layout, C,
+                                                                        padding):
+    """16-bit storage with a multiple of 8 channels: the AVX2 build runs gs3d_backward_cl_avx2
+    on the staged, converted grad_output up to C = 56 (C = 64: the Cython loop in both
+    builds); same bits as the baseline build and the reference's values, for every
+    output_mask, 1 and 3 threads, several tiles and non-finite coordinates."""
+    _points_backward_across_builds(np.random.default_rng(400 + C), C, 203, layout,
+                                   dict(mode="bilinear", padding_mode=padding,
+                                        align_corners=True), dtype)
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "grad_view", "dx_view", "dg_view",
@@ -718,3 +740,47 @@ def test_half_input_grad_ties_and_nan_payloads_agree_across_builds(layout, dtype
         want = (1 + 2 * ulp) * scale[0, :, 0]
         fin = ~np.isnan(plane.astype(np.float64))
         assert (~fin).any() and np.array_equal(plane.astype(np.float64)[fin], want[fin])
+
+
+@pytest.mark.parametrize("direction,dtype,layout", [
+    ("forward", "float16", "NDHWC"), ("forward", "float32", "NCDHW"),
+    ("forward", "bfloat16", "NCDHW"), ("backward", "float32", "NCDHW"),
+    ("backward", "float16", "NCDHW"), ("backward", "bfloat16", "NDHWC")])
+def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(direction, dtype, layout):
+    """C = 4104, more than the STAGE values a thread's scratch row keeps for staging a group
+    of points: the kernels read and write point by point instead, so the scratch rows after
+    the call's are untouched, and the results are the reference's."""
+    from gs3d import _api, reference
+    from gs3d._validation import check_problem
+    from conftest import TOLERANCE, from_layout, rel_err, to_layout
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(16)
+    C = _api._kernels.SCRATCH_EXTRA + 8
+    x = to_layout(rng.standard_normal((1, C, 2, 2, 3)).astype(dt), layout)
+    go = to_layout(rng.standard_normal((1, C, 1, 1, 5)).astype(dt), layout)
+    q = rng.uniform(-1.0, 1.0, (1, 1, 1, 5, 3)).astype(dt)
+    pb = check_problem(x, q, go if direction == "backward" else None, "bilinear", "zeros",
+                       False, layout)
+    nt = 1
+    res = _api._Resources(pb, nt, direction == "backward", backward=direction == "backward")
+    k = _api._kernels
+    sc_buf = np.full((nt + 1, res.scratch.shape[1]), 7, res.scratch.dtype)
+    half = dt.itemsize == 2
+    st = (lambda a: a.view(np.uint16)) if half else (lambda a: a)
+    perm = (lambda a: a) if layout == "NDHWC" else (lambda a: a.transpose(0, 2, 3, 4, 1))
+    f64 = lambda a: from_layout(a, layout).astype(np.float64)
+    if direction == "forward":
+        out = np.full(go.shape, 9, dt)
+        k.forward(perm(st(x)), st(q), perm(st(out)), sc_buf[:nt], res.workspace, 0, 0, False,
+                  res.half_kind, nt, res.xcl)
+        want = reference.grid_sample_3d(f64(x), q.astype(np.float64))
+        assert rel_err(from_layout(out, layout), want) <= TOLERANCE[dtype]
+    else:
+        dx, dg = np.full(x.shape, 9, dt), np.full(q.shape, 9, dt)
+        k.backward(perm(st(go)), perm(st(x)), st(q), perm(st(dx)), st(dg), res.dx_acc,
+                   sc_buf[:nt], res.workspace, 0, 0, False, res.half_kind, True, True, nt,
+                   res.xcl)
+        want = reference.grid_sample_3d_backward(f64(go), f64(x), q.astype(np.float64))
+        assert rel_err(from_layout(dx, layout), want[0]) <= TOLERANCE[dtype]
+        assert rel_err(dg, want[1]) <= TOLERANCE[dtype]
+    assert np.all(sc_buf[nt:] == 7)
