@@ -369,7 +369,7 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "out_view", "negative_strides", "ndhwc",
-                                     "ndhwc_views", "two_threads"])
+                                     "ndhwc_views", "ndhwc_into_ncdhw_order", "two_threads"])
 @pytest.mark.parametrize("C", [1, 4, 16])
 def test_float32_forward_strides_agree_across_builds(variant, C):
     """Grids whose points are not at one fixed step (the scalar path), strided outputs, volumes
@@ -385,7 +385,7 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
         q = np.concatenate([q, q], axis=3)[:, :, :, ::2]          # rows 22 apart, points 2
     elif variant == "negative_strides":
         x = x[:, :, ::-1, :, ::-1]
-    elif variant == "ndhwc":
+    elif variant in ("ndhwc", "ndhwc_into_ncdhw_order"):
         x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
         kw["layout"] = "NDHWC"
     elif variant == "ndhwc_views":
@@ -399,12 +399,18 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
             out = np.full((2, C, 3, 4, 22), 5.0, np.float32)[..., ::2]
         elif variant == "ndhwc_views":
             out = np.full((2, 3, 4, 22, C), 5.0, np.float32)[:, :, :, ::2]
+        elif variant == "ndhwc_into_ncdhw_order":
+            # channels 132 apart, points at step 1 (C = 16: the point-by-point branch with
+            # each eight points' sums transposed into channel runs)
+            out = np.moveaxis(np.full((2, C, 3, 4, 11), 5.0, np.float32), 1, 4)
         results.append(_run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw)))
     assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     if variant == "out_view":
         assert results[1].base is not None and np.all(results[1].base[..., 1::2] == 5.0)
     if variant == "ndhwc_views":
         assert results[1].base is not None and np.all(results[1].base[:, :, :, 1::2] == 5.0)
+    if variant == "ndhwc_into_ncdhw_order":
+        assert results[1] is out            # written in place, not through a copy
 
 
 def _backward_both_builds(go, x, q, **kw):
@@ -417,11 +423,14 @@ def _backward_both_builds(go, x, q, **kw):
     return results
 
 
-def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float32"):
+def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float32",
+                                   grad_order=False):
     """The backward of ``n_points`` scattered points (_c1_grid, every fourth on the first
     one's corners) in a 9 x 5 x 6 volume of C channels: both builds give the same bits under
     1 and 3 threads (at N = 1 they split the input gradient into depth slabs) and every
-    output_mask, and the float64 reference's values."""
+    output_mask, and the float64 reference's values.  ``grad_order``: grad_output in the
+    other layout's memory order (NDHWC: channels P apart, points at step 1; NCDHW: channel
+    stride 1)."""
     from gs3d import reference
     from conftest import TOLERANCE
     dt = np_dtype(dtype)
@@ -435,8 +444,11 @@ def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float3
     want = reference.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
                                              q.astype(np.float64), **opts)
     if layout == "NDHWC":
-        x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
+        x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
+        go = np.moveaxis(go, 1, 4) if grad_order else np.ascontiguousarray(np.moveaxis(go, 1, 4))
         want = (np.moveaxis(want[0], 1, 4), want[1])
+    elif grad_order:
+        go = np.moveaxis(np.ascontiguousarray(np.moveaxis(go, 1, 4)), 4, 1)
     for threads, mask in ((1, (True, True)), (3, (True, True)), (2, (True, False)),
                           (2, (False, True))):
         base, avx2 = _backward_both_builds(go, x, q, output_mask=mask, layout=layout,
@@ -471,19 +483,23 @@ def test_few_channel_float32_backward_agrees_across_builds(align, padding, C, la
                                                     align_corners=align))
 
 
+@pytest.mark.parametrize("grad_order", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border"])
 @pytest.mark.parametrize("C", [8, 16, 24, 32, 40])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
-def test_multiple_of_eight_channels_float32_backward_agrees_across_builds(layout, C, padding):
+def test_multiple_of_eight_channels_float32_backward_agrees_across_builds(layout, C, padding,
+                                                                          grad_order):
     """With a multiple of 8 channels, contiguous channels-last (NDHWC, or NCDHW through its
-    channels-last copies, grad_output then staged per tile), the AVX2 build consumes each tile
-    in C (gs3d_backward_cl_avx2, unrolled for C = 8 .. 32, a loop for 40); the baseline build
-    runs the Cython loop.  Same bits for edge points, points that sample nothing, shared
-    corners, depth slabs at N = 1 (3 threads) and every output_mask, and the float64
-    reference's values."""
+    channels-last copies), the AVX2 build consumes each tile in C (gs3d_backward_cl_avx2,
+    unrolled for C = 8 .. 32, a loop for 40), reading grad_output in place when its channel
+    stride is 1 and staging it per tile otherwise (NCDHW memory order, ``grad_order`` in
+    NDHWC; NCDHW with ``grad_order`` has channel stride 1); the baseline build runs the
+    Cython loop.  Same bits for edge points, points that sample nothing, shared corners,
+    depth slabs at N = 1 (3 threads) and every output_mask, and the float64 reference's
+    values."""
     _points_backward_across_builds(np.random.default_rng(300 + C), C, 203, layout,
                                    dict(mode="bilinear", padding_mode=padding,
-                                        align_corners=False))
+                                        align_corners=False), grad_order=grad_order)
 
 
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
@@ -742,28 +758,34 @@ def test_half_input_grad_ties_and_nan_payloads_agree_across_builds(layout, dtype
         assert (~fin).any() and np.array_equal(plane.astype(np.float64)[fin], want[fin])
 
 
-@pytest.mark.parametrize("direction,dtype,layout", [
-    ("forward", "float16", "NDHWC"), ("forward", "float32", "NCDHW"),
-    ("forward", "bfloat16", "NCDHW"), ("backward", "float32", "NCDHW"),
-    ("backward", "float16", "NCDHW"), ("backward", "bfloat16", "NDHWC")])
-def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(direction, dtype, layout):
+@pytest.mark.parametrize("build", ["baseline", "avx2"])
+@pytest.mark.parametrize("direction,dtype,layout,padding", [
+    ("forward", "float16", "NDHWC", "zeros"), ("forward", "float32", "NCDHW", "zeros"),
+    ("forward", "float32", "NCDHW", "reflection"), ("forward", "float32", "NDHWC", "reflection"),
+    ("forward", "bfloat16", "NCDHW", "zeros"), ("backward", "float32", "NCDHW", "zeros"),
+    ("backward", "float16", "NCDHW", "zeros"), ("backward", "bfloat16", "NDHWC", "zeros")])
+def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(build, direction, dtype,
+                                                                       layout, padding):
     """C = 4104, more than the STAGE values a thread's scratch row keeps for staging a group
     of points: the kernels read and write point by point instead, so the scratch rows after
-    the call's are untouched, and the results are the reference's."""
+    the call's are untouched, and the results are the reference's.  Both builds (the
+    baseline one runs every float32 forward through the tiles; reflection padding keeps the
+    AVX2 one off its gather forward, so its tile forward is checked too)."""
     from gs3d import _api, reference
-    from gs3d._validation import check_problem
+    from gs3d._validation import PADDINGS, check_problem
     from conftest import TOLERANCE, from_layout, rel_err, to_layout
+    k = _kernel_modules()[build == "avx2"]
     dt = np_dtype(dtype)
     rng = np.random.default_rng(16)
-    C = _api._kernels.SCRATCH_EXTRA + 8
+    C = k.SCRATCH_EXTRA + 8
     x = to_layout(rng.standard_normal((1, C, 2, 2, 3)).astype(dt), layout)
     go = to_layout(rng.standard_normal((1, C, 1, 1, 5)).astype(dt), layout)
     q = rng.uniform(-1.0, 1.0, (1, 1, 1, 5, 3)).astype(dt)
-    pb = check_problem(x, q, go if direction == "backward" else None, "bilinear", "zeros",
+    pb = check_problem(x, q, go if direction == "backward" else None, "bilinear", padding,
                        False, layout)
     nt = 1
-    res = _api._Resources(pb, nt, direction == "backward", backward=direction == "backward")
-    k = _api._kernels
+    res = _run_with(k, lambda: _api._Resources(pb, nt, direction == "backward",
+                                                backward=direction == "backward"))
     sc_buf = np.full((nt + 1, res.scratch.shape[1]), 7, res.scratch.dtype)
     half = dt.itemsize == 2
     st = (lambda a: a.view(np.uint16)) if half else (lambda a: a)
@@ -771,9 +793,9 @@ def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(direction
     f64 = lambda a: from_layout(a, layout).astype(np.float64)
     if direction == "forward":
         out = np.full(go.shape, 9, dt)
-        k.forward(perm(st(x)), st(q), perm(st(out)), sc_buf[:nt], res.workspace, 0, 0, False,
-                  res.half_kind, nt, res.xcl)
-        want = reference.grid_sample_3d(f64(x), q.astype(np.float64))
+        k.forward(perm(st(x)), st(q), perm(st(out)), sc_buf[:nt], res.workspace, 0,
+                  PADDINGS[padding], False, res.half_kind, nt, res.xcl)
+        want = reference.grid_sample_3d(f64(x), q.astype(np.float64), padding_mode=padding)
         assert rel_err(from_layout(out, layout), want) <= TOLERANCE[dtype]
     else:
         dx, dg = np.full(x.shape, 9, dt), np.full(q.shape, 9, dt)
