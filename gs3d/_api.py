@@ -99,7 +99,7 @@ class _Resources:
 
     __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
-                 "home", "plain_align", "cl", "xcl", "runner", "brunner")
+                 "home", "plain_align", "cl", "xcl", "runner", "brunner", "split")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool, backward: bool = False):
         acc = _compute_dtype(pb.kind)
@@ -117,7 +117,9 @@ class _Resources:
         # input_grad[n] when that is contiguous, else in ``xcl``
         self.cl = not pb.channels_last and _kernels.channels_last_pays(
             pb.C, D, H, W, math.prod(pb.out_spatial))
-        if want_dx and self.cl:
+        # the split of one batch item's points in two halves (see _may_split)
+        self.split = backward and want_dx and _may_split(pb)
+        if want_dx and (self.cl or self.split):
             self.dx_acc = np.empty((D, H, W, pb.C), dtype=acc)
         elif want_dx and pb.kind in _HALF_KIND:
             # float32 accumulators in the memory order of input_grad: one per thread when
@@ -148,6 +150,22 @@ class _Resources:
         self.plain_align = dt.alignment == dt.itemsize
         self.runner: Any = None     # the forward's _kernels.ForwardRunner, bound on first use
         self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
+
+
+def _may_split(pb: Problem) -> bool:
+    """True when the bilinear backward of ``pb`` may split the points of its one batch item
+    in two halves, each scattered in order into its own float32/float64 accumulator
+    (input_grad and a (D, H, W, C) buffer), the two summed afterwards: on two threads, one
+    half each.  The kernel decides from the grid (random grids, where depth slabs would make
+    both threads set up most tiles) and needs a dense input_grad; here, the shape rules: one
+    batch item, no 16-bit storage, no channels-last copy, and at least a quarter as many
+    output points as voxels (else the extra pass over the accumulator outweighs the gain).
+    The choice never depends on the thread count or the deterministic mode."""
+    D, H, W = pb.in_spatial
+    P = math.prod(pb.out_spatial)
+    return (pb.N == 1 and pb.mode == MODES["bilinear"] and pb.kind not in _HALF_KIND
+            and 4 * P >= D * H * W
+            and (pb.channels_last or not _kernels.channels_last_pays(pb.C, D, H, W, P)))
 
 
 def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple) -> None:
@@ -558,7 +576,7 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
             res.home = None
         runner.set_xcl(res.xcl)
     # the runner takes the arrays in the caller's layout and storage type (no views to make)
-    runner.run(g, x, q, dx_k, dg_k)
+    runner.run(g, x, q, dx_k, dg_k, res.split)
     if dx is not None and dx_k is not dx:
         dx[...] = dx_k
     if dg is not None and dg_k is not dg:

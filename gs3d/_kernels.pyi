@@ -59,5 +59,5 @@ class BackwardRunner(_Locked):
     def set_xcl(self, xcl: _Store) -> None: ...
     def run(
         self, go: npt.NDArray[Any], x: npt.NDArray[Any], q: npt.NDArray[Any],
-        dx: Optional[npt.NDArray[Any]], dg: Optional[npt.NDArray[Any]],
+        dx: Optional[npt.NDArray[Any]], dg: Optional[npt.NDArray[Any]], split: bool = ...,
     ) -> None: ...

@@ -1655,22 +1655,71 @@ cdef void grid_grad_chunk(const store_t* grad, const store_t* x, const store_t* 
 
 
 cdef void zero_planes(acc_t* A, Py_ssize_t* As, Geo* g, Py_ssize_t zlo, Py_ssize_t zhi) noexcept nogil:
-    """Zero the accumulator planes [zlo, zhi), walking memory in order for either layout."""
-    cdef Py_ssize_t z, y, xx, c, o
+    """Zero the accumulator planes [zlo, zhi)."""
+    add_planes(A, NULL, As, g, zlo, zhi)
+
+
+cdef void add_planes(acc_t* A, const acc_t* B, Py_ssize_t* As, Geo* g, Py_ssize_t zlo,
+                     Py_ssize_t zhi) noexcept nogil:
+    """A += B on the planes [zlo, zhi) of two accumulators of the same strides ``As`` (A = 0
+    when B is NULL), walking memory in order for either layout."""
+    cdef Py_ssize_t z, y, xx, c, o, k
     if As[3] > As[2]:              # channels outermost in memory (NCDHW)
         for c in range(g.C):
             for z in range(zlo, zhi):
                 for y in range(g.H):
                     o = c * As[3] + z * As[0] + y * As[1]
                     for xx in range(g.W):
-                        A[o + xx * As[2]] = 0
+                        k = o + xx * As[2]
+                        A[k] = 0 if B == NULL else A[k] + B[k]
     else:
         for z in range(zlo, zhi):
             for y in range(g.H):
                 for xx in range(g.W):
                     o = z * As[0] + y * As[1] + xx * As[2]
                     for c in range(g.C):
-                        A[o + c * As[3]] = 0
+                        k = o + c * As[3]
+                        A[k] = 0 if B == NULL else A[k] + B[k]
+
+
+# The split of a batch item's points in two halves, each scattered in order into its own
+# accumulator, then summed: used when two depth slabs would make each thread set up and walk
+# most tiles (random grids: every tile reaches every plane), measured as the busier of two
+# slabs touching more than SPLIT_SHARE / 8 of the tiles.  The test is made for two slabs
+# whatever the thread count (one thread runs the halves in turn), so the results are the same
+# bits at every thread count.  Measured figures: README, Determinism and threads.
+cdef enum:
+    SPLIT_SHARE = 6
+    SPLIT_SAMPLE = 128      # tiles looked at, at most (evenly spaced)
+
+
+cdef bint split_pays(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t ntiles,
+                     Py_ssize_t* hull, const Py_ssize_t* bounds) noexcept nogil:
+    """True when the busier of two depth slabs [bounds[0], bounds[1]), [bounds[1], bounds[2])
+    needs more than SPLIT_SHARE / 8 of a sample of the tiles (their depth ranges are written
+    to ``hull``, at the sampled tiles only)."""
+    cdef Py_ssize_t i, ti, k, seen = min(ntiles, <Py_ssize_t>SPLIT_SAMPLE)
+    cdef Py_ssize_t cnt[2]
+    cnt[0] = cnt[1] = 0
+    for i in range(seen):
+        ti = (i * ntiles) // seen
+        tile_planes(q, g, n, ti, hull)
+        for k in range(2):
+            if hull[2 * ti + 1] >= bounds[k] and hull[2 * ti] < bounds[k + 1]:
+                cnt[k] += 1
+    return 8 * max(cnt[0], cnt[1]) > SPLIT_SHARE * seen
+
+
+cdef void split_task(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                     acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
+                     Py_ssize_t t0, Py_ssize_t t1, bint do_dg) noexcept nogil:
+    """Tiles [t0, t1) of batch item n into accumulator ``A`` (zeroed first, every plane), with
+    the grid gradient of each of their points."""
+    cdef Py_ssize_t ti, P = g.Do * g.Ho * g.Wo
+    zero_planes(A, As, g, 0, g.D)
+    for ti in range(t0, t1):
+        backward_tile(grad, x, q, dq, A, As, work, work + g.C, g, t, n, ti * TILE,
+                      <int>min(<Py_ssize_t>TILE, P - ti * TILE), 0, g.D, True, do_dg, True)
 
 
 cdef inline bint store_run(const acc_t* A, store_t* dx, Py_ssize_t cnt, int hk) noexcept nogil:
@@ -1850,20 +1899,22 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
         backward_run(&grad[0, 0, 0, 0, 0], &inp[0, 0, 0, 0, 0], &grid[0, 0, 0, 0, 0],
                      &dx[0, 0, 0, 0, 0], &dgrid[0, 0, 0, 0, 0], &dx_acc[0, 0, 0, 0], dshape,
                      &scratch[0, 0], scratch.strides[0] // sizeof(acc_t), &workspace[0],
-                     &xcl[0], xcl.shape[0], &g, want_dx, want_dg, nthreads)
+                     &xcl[0], xcl.shape[0], &g, want_dx, want_dg, nthreads, False)
 
 
 cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, store_t* dx,
                        store_t* dgrid, acc_t* dacc, const Py_ssize_t* dacc_shape,
                        acc_t* scratch, Py_ssize_t srow, unsigned char* workspace, store_t* xcl,
                        Py_ssize_t nxcl, Geo* g, bint want_dx, bint want_dg,
-                       int nthreads) noexcept nogil:
+                       int nthreads, bint split) noexcept nogil:
     """The body of ``backward`` on raw pointers: ``g`` filled (with the grad_output, grid_grad,
     input_grad and accumulator strides), sizes checked, N > 0 and a gradient wanted;
     ``dacc`` the accumulator of shape ``dacc_shape[0:4]``, repeated ``dacc_shape[4]`` times
     every ``dacc_shape[5]`` elements (16-bit storage with several: one per thread, each
     thread running whole batch items), ``scratch`` rows of ``srow`` values,
-    ``xcl`` of ``nxcl`` elements."""
+    ``xcl`` of ``nxcl`` elements.  ``split``: float32/float64 accumulating in a dense
+    input_grad may scatter the two halves of a batch item's tiles into input_grad and ``dacc``
+    (one per thread, or in turn on one), then add them (see split_pays)."""
     cdef Geo gT
     cdef Geo* gp
     cdef Py_ssize_t P, n, t, nchunks, ci, z
@@ -1881,6 +1932,8 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
     cdef bint cl, in_dx, store
+    cdef Py_ssize_t two[3]
+    cdef Py_ssize_t* sb
     P = g.Do * g.Ho * g.Wo
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
@@ -1955,7 +2008,37 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                     As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
                     store = False
                 nt = nthreads if nthreads < g.D else <int>g.D
-                choose_slabs(q, gp, n, nt, bounds, cost)
+                sb = NULL
+                if (split and not cl and not half_acc and g.mode == MODE_BILINEAR and ntiles >= 2
+                        and dacc_shape[0] * dacc_shape[1] * dacc_shape[2] * dacc_shape[3]
+                        >= g.D * g.H * g.W * g.C
+                        and dense_strides(&g.ds[1], dims, 4)):
+                    # whether two depth slabs would make both threads set up most tiles:
+                    # judged for two slabs at every thread count, so that the choice, and
+                    # the results, never depend on it
+                    sb = bounds if nt == 2 else two      # the slabs' own bounds at two
+                    choose_slabs(q, gp, n, 2, sb, cost)
+                    if split_pays(q, gp, n, ntiles, hull, sb):
+                        # two halves of the points, each scattered in order into its own
+                        # accumulator (dx[n], dacc), then dx[n] += dacc: one half per thread,
+                        # or the two in turn on one thread
+                        if nthreads == 1:
+                            for t in range(2):
+                                split_task(grad, xin, q, dgrid, A if t == 0 else dacc, As,
+                                           scratch, gp, tiles, n, (t * ntiles) // 2,
+                                           ((t + 1) * ntiles) // 2, want_dg)
+                            add_planes(A, dacc, As, gp, 0, g.D)
+                        else:
+                            for t in prange(2, schedule='static', chunksize=1, num_threads=2):
+                                split_task(grad, xin, q, dgrid, A if t == 0 else dacc, As,
+                                           &scratch[threadid() * srow], gp, &tiles[threadid()],
+                                           n, (t * ntiles) // 2, ((t + 1) * ntiles) // 2,
+                                           want_dg)
+                            for z in prange(g.D, schedule='static', num_threads=nthreads):
+                                add_planes(A, dacc, As, gp, z, z + 1)
+                        continue
+                if sb != bounds:
+                    choose_slabs(q, gp, n, nt, bounds, cost)
                 if nt == 1:
                     # no OpenMP region at all: cheaper for small calls, safe in a forked child
                     slab_task(grad, xin, q,
@@ -2087,7 +2170,7 @@ cdef class BackwardRunner(_Locked):
         PyThread_release_lock(self.lock)
 
     cdef int launch(self, cnp.ndarray go, cnp.ndarray x, cnp.ndarray q, cnp.ndarray dx,
-                    cnp.ndarray dg) except -1:
+                    cnp.ndarray dg, bint split) except -1:
         """The kernel on arrays already checked against the bound problem."""
         cdef Geo g
         cdef Py_ssize_t sh[5]
@@ -2120,27 +2203,29 @@ cdef class BackwardRunner(_Locked):
                              <double*>dxp, <double*>dgp, <double*>self.dacc_p, self.dacc_shape,
                              <double*>self.scratch_p, self.srow, self.ws,
                              <double*>self.xcl_p, self.nxcl, &g, self.want_dx, self.want_dg,
-                             self.nthreads)
+                             self.nthreads, split)
             elif self.kind == 1:
                 backward_run(<const float*>gop, <const float*>xp, <const float*>qp,
                              <float*>dxp, <float*>dgp, <float*>self.dacc_p, self.dacc_shape,
                              <float*>self.scratch_p, self.srow, self.ws,
                              <float*>self.xcl_p, self.nxcl, &g, self.want_dx, self.want_dg,
-                             self.nthreads)
+                             self.nthreads, split)
             else:
                 backward_run(<const unsigned short*>gop, <const unsigned short*>xp,
                              <const unsigned short*>qp, <unsigned short*>dxp,
                              <unsigned short*>dgp, <float*>self.dacc_p, self.dacc_shape,
                              <float*>self.scratch_p, self.srow, self.ws,
                              <unsigned short*>self.xcl_p, self.nxcl, &g, self.want_dx,
-                             self.want_dg, self.nthreads)
+                             self.want_dg, self.nthreads, split)
             PyThread_release_lock(self.lock)
         return 0
 
-    def run(self, go, x, q, dx, dg):
+    def run(self, go, x, q, dx, dg, bint split=False):
         """The gradients for ``grad_output`` ``go``, input ``x`` and grid ``q`` into ``dx``
         and ``dg`` (ndarrays in the caller's layout; ignored, and may be None, for a gradient
-        the runner was not bound to compute).
+        the runner was not bound to compute).  ``split``: a batch item's points may be split
+        in two halves (see backward_run; the bound dx_acc is then the second half's
+        accumulator, so it must not be shared with another call).
 
         The caller has done the full checks; repeated here, as the condition of entering the
         kernel, are those that memory safety rests on: bound, the bound shapes and dtype,
@@ -2169,5 +2254,5 @@ cdef class BackwardRunner(_Locked):
                 raise ValueError("backward runner: arrays must have the bound dtype")
         if not (cnp.PyArray_FLAGS(dx) & cnp.PyArray_FLAGS(dg) & cnp.NPY_ARRAY_WRITEABLE):
             raise ValueError("backward runner: an output is read-only")
-        self.launch(go, x, q, dx, dg)
+        self.launch(go, x, q, dx, dg, split)
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import gs3d
-from conftest import np_dtype
+from conftest import np_dtype, to_layout
 
 
 def _case(rng, dtype="float32", layout="NCDHW"):
@@ -174,6 +174,115 @@ def test_deterministic_bitwise_across_threads(mode, dtype):
     for dx, dg in results[1:]:
         assert np.array_equal(dx.view(np.uint8), results[0][0].view(np.uint8))
         assert np.array_equal(dg.view(np.uint8), results[0][1].view(np.uint8))
+
+
+def bits_equal(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def _split_case(rng, dtype, layout, C, smooth=False):
+    """N = 1, a 6^3 input (16^3 for ``smooth``), 12^3 output points: random grids put every
+    tile on every depth plane, so the default mode at two threads splits the points."""
+    D = 16 if smooth else 6
+    x = rng.standard_normal((1, C, D, D, D)).astype(dtype)
+    g = rng.standard_normal((1, C, 12, 12, 12)).astype(dtype)
+    if smooth:
+        axis = np.linspace(-0.9, 0.9, 12)
+        q = np.stack(np.meshgrid(axis, axis, axis, indexing="ij")[::-1], axis=-1)[None]
+        q = (q + 0.01 * rng.standard_normal(q.shape)).astype(dtype)
+    else:
+        q = rng.uniform(-1.1, 1.1, (1, 12, 12, 12, 3)).astype(dtype)
+    return to_layout(g, layout), to_layout(x, layout), q
+
+
+def _input_grad_buffer(kind, x, layout):
+    """None, a dense input_grad in the other memory order, or a strided one."""
+    if kind == "new":
+        return None
+    if kind == "other_order":
+        axes = (0, 2, 3, 4, 1) if layout == "NCDHW" else (0, 4, 1, 2, 3)
+        inverse = np.argsort(axes)
+        return np.empty(tuple(x.shape[a] for a in axes), x.dtype).transpose(inverse)
+    return np.empty(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)[..., ::2]
+
+
+@pytest.mark.parametrize("buffer", ["new", "other_order", "strided"])
+@pytest.mark.parametrize("mask", [(True, True), (True, False)])
+@pytest.mark.parametrize("padding", ["zeros", "reflection"])
+@pytest.mark.parametrize("C", [1, 5, 16])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_split_is_correct_and_the_same_at_every_thread_count(dtype, layout, C, padding, mask,
+                                                             buffer):
+    """On a random grid one batch item's points are split in two halves, each summed into its
+    own accumulator, then added: right to the spec's tolerance, and the same bits in either
+    mode at 1, 2 and 3 threads.  A strided input_grad takes the depth slabs instead (one
+    in-order sum per element), which rounds differently: that shows the split was taken."""
+    from conftest import TOLERANCE, from_layout, rel_err
+    from gs3d import _api, reference
+    rng = np.random.default_rng(C * 7 + len(padding))
+    g, x, q = _split_case(rng, np.dtype(dtype), layout, C)
+
+    def run(kind, threads, deterministic):
+        out = _input_grad_buffer(kind, x, layout)
+        dx, dg = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding, layout=layout,
+                                              output_mask=mask, num_threads=threads,
+                                              input_grad=out, deterministic=deterministic)
+        if out is not None:
+            assert dx is out
+        return np.ascontiguousarray(dx), dg
+
+    first = run(buffer, 2, False)
+    want_dx, want_dg = reference.grid_sample_3d_backward(
+        from_layout(g, layout).astype(np.float64), from_layout(x, layout).astype(np.float64),
+        q.astype(np.float64), padding_mode=padding, output_mask=mask)
+    assert rel_err(from_layout(first[0], layout), want_dx) <= TOLERANCE[dtype]
+    for threads in (1, 2, 3):
+        for deterministic in (False, True):
+            dx, dg = run(buffer, threads, deterministic)
+            assert bits_equal(dx, first[0]), (threads, deterministic)
+            assert (dg is None) == (first[1] is None)
+            assert dg is None or bits_equal(dg, first[1]), (threads, deterministic)
+    slabs = run("strided", 2, False)
+    if mask[1]:
+        assert bits_equal(slabs[1], first[1])       # grid_grad: per point, no sums
+    pb = _api.check_problem(x, q, g, "bilinear", padding, False, layout)
+    split = buffer != "strided" and _api._may_split(pb)
+    # a random grid on 6^3 voxels: the two halves' sums round differently somewhere
+    assert bits_equal(first[0], slabs[0]) != split
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_split_stays_off_for_smooth_grids(layout):
+    """On a smooth warp the depth slabs share out the work already: no split (the dense
+    input_grad gets the bits of the strided one, which never splits)."""
+    rng = np.random.default_rng(11)
+    g, x, q = _split_case(rng, np.float32, layout, 3, smooth=True)
+    for threads in (1, 2):
+        dense = gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=threads)
+        out = _input_grad_buffer("strided", x, layout)
+        strided = gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=threads,
+                                               input_grad=out)
+        assert bits_equal(dense[0], np.ascontiguousarray(strided[0]))
+        assert bits_equal(dense[1], strided[1])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_plan_splits_like_the_function(threads):
+    """A plan owns the split's accumulator and gives the function's bits, call after call."""
+    rng = np.random.default_rng(5)
+    g, x, q = _split_case(rng, np.float32, "NDHWC", 4)
+    kw = dict(layout="NDHWC", num_threads=threads)
+    want = gs3d.grid_sample_3d_backward(g, x, q, **kw)
+    plan = gs3d.plan_backward(g.shape, x.shape, q.shape, np.float32, **kw)
+    res = plan._res
+    assert res.split and res.dx_acc.nbytes == x.nbytes
+    assert plan.workspace_size >= res.dx_acc.nbytes + res.workspace.nbytes + res.scratch.nbytes
+    dx, dg = np.empty_like(x), np.empty_like(q)
+    for _ in range(2):
+        got = plan(g, x, q, input_grad=dx, grid_grad=dg)
+        assert got[0] is dx and got[1] is dg
+        assert bits_equal(dx, want[0]) and bits_equal(dg, want[1])
 
 
 def test_deterministic_switches():
