@@ -174,11 +174,15 @@ def build_cases(quick: bool) -> List[Case]:
         for key in ("A", "E") if quick else ("A", "B", "E"):
             for layout in ("NCDHW", "NDHWC"):
                 add("threads", key, direction=d, layout=layout, threads=1)
-    # 6. deterministic True vs False (per-call flag).
+    # 6. deterministic True vs False (per-call flag); NDHWC A random also shows the split of one
+    # batch item in two halves (NCDHW A takes the channels-last copy instead).
     for det in (True, False):
         for key in ("A", "D") if quick else ("A", "D", "E"):
             for grid in grids:
                 add("deterministic", key, direction="bwd", grid=grid, deterministic=det)
+        for grid in () if quick else grids:
+            add("deterministic", "A", direction="bwd", grid=grid, layout="NDHWC",
+                deterministic=det)
     # 7. the worked example: per-call overhead.
     for d in ("bwd", "fwd"):
         for t in (1, 2):
