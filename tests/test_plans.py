@@ -252,6 +252,51 @@ def test_split_is_correct_and_the_same_at_every_thread_count(dtype, layout, C, p
     assert bits_equal(first[0], slabs[0]) != split
 
 
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_split_against_torch(dtype, layout, padding):
+    """The split's input gradient against PyTorch's, at one and two threads."""
+    torch = pytest.importorskip("torch")
+    from conftest import from_layout, rel_err
+    rng = np.random.default_rng(len(padding) + 3 * len(layout))
+    g, x, q = _split_case(rng, np.dtype(dtype), layout, 5)
+    want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
+        torch.from_numpy(np.ascontiguousarray(from_layout(g, layout))),
+        torch.from_numpy(np.ascontiguousarray(from_layout(x, layout))), torch.from_numpy(q),
+        0, ["zeros", "border", "reflection"].index(padding), False, [True, True]))
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    for threads in (1, 2):
+        dx, dg = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding, layout=layout,
+                                              num_threads=threads)
+        assert rel_err(from_layout(dx, layout), want_dx) <= tol
+        assert rel_err(dg, want_dg) <= tol
+    slabs = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding, layout=layout,
+                                         input_grad=_input_grad_buffer("strided", x, layout))
+    assert not bits_equal(dx, np.ascontiguousarray(slabs[0]))      # the split was taken
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_split_against_finite_differences(threads):
+    """The forward is linear in the input: a central difference of sum(grad * forward) along
+    a random direction equals <input_grad, direction> up to rounding (float64)."""
+    rng = np.random.default_rng(21)
+    g, x, q = _split_case(rng, np.float64, "NDHWC", 3)
+    dx, _ = gs3d.grid_sample_3d_backward(g, x, q, layout="NDHWC", num_threads=threads)
+
+    def loss(xv):
+        return float(np.sum(g * gs3d.grid_sample_3d(xv, q, layout="NDHWC")))
+
+    h = 1e-3
+    for _ in range(3):
+        v = rng.standard_normal(x.shape)
+        fd = (loss(x + h * v) - loss(x - h * v)) / (2 * h)
+        assert abs(fd - np.sum(dx * v)) <= 1e-9 * max(1.0, abs(fd))
+    slabs = gs3d.grid_sample_3d_backward(g, x, q, layout="NDHWC",
+                                         input_grad=_input_grad_buffer("strided", x, "NDHWC"))
+    assert not bits_equal(dx, np.ascontiguousarray(slabs[0]))      # the split was taken
+
+
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 def test_split_stays_off_for_smooth_grids(layout):
     """On a smooth warp the depth slabs share out the work already: no split (the dense
