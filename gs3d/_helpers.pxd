@@ -569,7 +569,8 @@ cdef extern from *:
         __m256 w[6], mult[3];
         int ownb, slabb;    /* lanes with grid-gradient / input-gradient work for this call */
     } gs3d_bblock8;
-    static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
+    GS3D_ALWAYS_INLINE void gs3d_backward_gather_body(const gs3d_bwd_args* a, Py_ssize_t cnt,
+                                                      const Py_ssize_t C) {
         float gx8[8], gy8[8], gz8[8], wa[8][8], gov[8][8];
         int oa[8][8], own8[8];
         unsigned vsb[8];
@@ -577,7 +578,7 @@ cdef extern from *:
         __m256i idx[3], iz, okv[3], mj[8], own, mall, slab;
         int ownb, slabb;
         __m256 mv[3], g[8], d[8], v, acc, gx, gy, gz;
-        const Py_ssize_t C = a->C, sx = a->sx, sy = a->sy, sz = a->sz;
+        const Py_ssize_t sx = a->sx, sy = a->sy, sz = a->sz;
         const Py_ssize_t ax = a->ax, ay = a->ay, az = a->az;
         const int all_planes = a->zlo <= 0 && a->zhi >= a->D;
         Py_ssize_t p0, p, c;
@@ -742,6 +743,14 @@ cdef extern from *:
                 }
             }
         }
+    }
+    /* C = 1 (the common single-channel volume) gets its own copy with the channel loops
+       folded away; same operations in the same order, so the same bits */
+    static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
+        if (a->C == 1)
+            gs3d_backward_gather_body(a, cnt, 1);
+        else
+            gs3d_backward_gather_body(a, cnt, a->C);
     }
     /* The consuming loop of backward_tile for float32 with contiguous channels in the input,
        the accumulator and grad_output and C a multiple of 8 (AVX2 build): the points of one
