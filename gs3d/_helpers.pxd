@@ -749,6 +749,10 @@ cdef extern from *:
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         if (a->C == 1)
             gs3d_backward_gather_body(a, cnt, 1);
+        else if (a->C == 4)
+            gs3d_backward_gather_body(a, cnt, 4);
+        else if (a->C == 8)
+            gs3d_backward_gather_body(a, cnt, 8);
         else
             gs3d_backward_gather_body(a, cnt, a->C);
     }
