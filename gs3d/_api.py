@@ -119,7 +119,11 @@ class _Resources:
             pb.C, D, H, W, math.prod(pb.out_spatial))
         # the split of one batch item's points in two halves (see _may_split)
         self.split = backward and want_dx and _may_split(pb)
-        if want_dx and (self.cl or self.split):
+        if want_dx and self.cl and 1 < nt and nt * np.dtype(acc).itemsize <= 4 * pb.N:
+            # one channels-last accumulator per thread, each thread running whole batch
+            # items: at most the size of a float32 input_grad (float64: N >= 2 threads)
+            self.dx_acc = np.empty((nt, D, H, W, pb.C), dtype=acc)
+        elif want_dx and (self.cl or self.split):
             self.dx_acc = np.empty((D, H, W, pb.C), dtype=acc)
         elif want_dx and pb.kind in _HALF_KIND:
             # float32 accumulators in the memory order of input_grad: one per thread when

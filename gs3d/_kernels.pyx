@@ -1644,6 +1644,21 @@ cdef void slab_task(const store_t* grad, const store_t* x, const store_t* q, sto
         store_planes(A, As, dx, g, n, zlo, zhi)
 
 
+cdef void cl_item_task(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                       store_t* dx, acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Geo* gT,
+                       Tile* t, Py_ssize_t n, bint do_dg, bint in_dx) noexcept nogil:
+    """Batch item n of the channels-last path on one thread: the input copy in dx[n] (with
+    ``in_dx``; nearest reads no input), every depth plane scattered into the channels-last
+    accumulator ``A`` (strides ``As``), then written into dx[n] once the copy is read."""
+    cdef const store_t* xin = x
+    if in_dx:
+        transpose_planes(&x[n * g.xs[0]], g, &dx[n * g.ds[0]], 0, g.D)
+        xin = &dx[n * g.ds[0]]
+    slab_task(grad, xin, q, dq, A, As, work, gT, t, n, 0, g.D, do_dg, dx, not in_dx, NULL)
+    if in_dx:
+        store_planes(A, As, dx, gT, n, 0, g.D)
+
+
 cdef void grid_grad_chunk(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                           acc_t* work, Geo* g, Tile* t, Py_ssize_t n, Py_ssize_t ci) noexcept nogil:
     """Grid gradient only (no scatter): tile ``ci`` of batch item n."""
@@ -1965,7 +1980,17 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cost = <double*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)]
     hull = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)
                                    + g.D * sizeof(double)]
-    if (want_dx and not cl and nthreads > 1 and g.N >= nthreads
+    if (want_dx and cl and nthreads > 1 and g.N >= nthreads and dacc_shape[4] >= nthreads
+            and (in_dx or g.mode == MODE_NEAREST)):
+        # the channels-last path with enough batch items for every thread: each item is the
+        # serial loop on one thread (its input copy in dx[n], the thread's own channels-last
+        # accumulator, all depth planes), so results are those of one thread, and no thread
+        # repeats another's tile set-up (which depth slabs do on random grids)
+        for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
+            cl_item_task(grad, x, q, dgrid, dx, &dacc[threadid() * dacc_shape[5]], Acl,
+                         &scratch[threadid() * srow], g, &gT, &tiles[threadid()], n, want_dg,
+                         in_dx)
+    elif (want_dx and not cl and nthreads > 1 and g.N >= nthreads
             and (not half_acc or dacc_shape[4] >= nthreads)):
         # enough batch items for every thread: each item is the serial loop on one thread
         # (its own dx[n], or for 16-bit storage the thread's own accumulator, all depth
@@ -2103,8 +2128,9 @@ cdef class BackwardRunner(_Locked):
              int half_kind, int nthreads):
         """Fix the problem (shapes in the caller's layout, already validated), the output mask
         and the scratch: ``dx_acc`` (D, H, W, C) of the compute type (or (1, 1, 1, 1) when no
-        accumulator is needed; for 16-bit storage also (count, D, H, W, C): one dense
-        accumulator per thread, the threads then taking whole batch items), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
+        accumulator is needed; also (count, D, H, W, C): one dense accumulator per thread,
+        the threads then taking whole batch items, for 16-bit storage or the channels-last
+        path), ``scratch`` (nthreads, C + SCRATCH_EXTRA), ``workspace``
         uint8, ``xcl`` the channels-last input copy (or a dummy), and one-element 5-D dummies
         of the storage type for the gradients not wanted.  Once only."""
         cdef Py_ssize_t k, a0, C, D, H, W, P, acc_size = 8 if dtype.itemsize == 8 else 4
@@ -2127,7 +2153,8 @@ cdef class BackwardRunner(_Locked):
                 or (<object>dummy_dg).shape != (1, 1, 1, 1, 3)):
             raise ValueError("dx_acc is 4-D or 5-D, the dummies (1, 1, 1, 1, 1) and "
                              "(1, 1, 1, 1, 3)")
-        # 5-D: (count, D, H, W, C), one dense accumulator after the other (16-bit storage)
+        # 5-D: (count, D, H, W, C), one dense accumulator after the other (one per thread,
+        # for 16-bit storage or the channels-last path, the threads taking whole batch items)
         a0 = dx_acc.ndim - 4
         for k in range(dx_acc.ndim):
             if dx_acc.strides[k] % dx_acc.itemsize:
@@ -2140,11 +2167,10 @@ cdef class BackwardRunner(_Locked):
         if a0:
             self.dacc_shape[4] = dx_acc.shape[0]
             self.dacc_shape[5] = dx_acc.strides[0] // dx_acc.itemsize
-            if not (dtype.itemsize == 2 and dense_strides(self.dacc_strides, self.dacc_shape, 4)
+            if not (dense_strides(self.dacc_strides, self.dacc_shape, 4)
                     and self.dacc_shape[5] == (self.dacc_shape[0] * self.dacc_shape[1]
                                                * self.dacc_shape[2] * self.dacc_shape[3])):
-                raise ValueError("a 5-D dx_acc is for 16-bit storage: dense accumulators, one "
-                                 "after the other")
+                raise ValueError("a 5-D dx_acc holds dense accumulators, one after the other")
         if want_dx and dtype.itemsize == 2 and (self.dacc_shape[0] < D or self.dacc_shape[1] < H
                                                 or self.dacc_shape[2] < W
                                                 or self.dacc_shape[3] < C):

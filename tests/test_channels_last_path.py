@@ -153,3 +153,72 @@ def test_single_batch_item_and_depth_one():
                    *gs3d.grid_sample_3d_backward(go, x, q, num_threads=nt))
             for a, b in zip(got, want):
                 assert same(a, b), (in_sp, nt)
+
+
+def _acc_count(plan):
+    """How many channels-last accumulators a backward plan holds (one per thread when the
+    threads take whole batch items, else one)."""
+    acc = plan._res.dx_acc
+    return acc.shape[0] if acc.ndim == 5 else 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", CFGS, ids=["zeros", "border-ac", "reflection", "nearest"])
+def test_threads_take_whole_batch_items(dtype, cfg):
+    """With at least as many batch items as threads (float64, whose accumulators are twice
+    the size: twice as many), each thread runs whole items of the channels-last path with
+    its own accumulator.  The plan holds one per thread, and the results are bitwise those of
+    the channels-last layout at every thread count, with more items than threads (the items
+    are handed out dynamically) and with an input_grad that is not one block per item (the
+    input copy then needs the buffer, and the items run in turn)."""
+    n = 5
+    x, q, go = make(dtype, 8, n=n, seed=7)
+    assert pays(x, q)
+    want = channels_last_results(x, q, go, (True, True), cfg)
+    big = 2 if dtype == "float64" else 1
+    for nt in (1, 2, 3, 4):
+        plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=nt, **cfg)
+        assert _acc_count(plan) == (nt if 1 < nt and big * nt <= n else 1), nt
+        for _ in range(2):
+            dx, dg = plan(go, x, q)
+            assert same(dx, want[1]) and same(dg, want[2]), nt
+        buf = np.zeros(x.shape[:4] + (2 * W,), dtype=x.dtype)[..., ::2]
+        got = plan(go, x, q, input_grad=buf)
+        assert got[0] is buf and same(np.ascontiguousarray(buf), want[1]), nt
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_threads_take_whole_batch_items_against_torch(dtype):
+    torch = pytest.importorskip("torch")
+    x, q, go = make(dtype, 16, n=4, seed=8)
+    want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
+        torch.from_numpy(go), torch.from_numpy(x), torch.from_numpy(q), 0, 0, False,
+        [True, True]))
+    plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=2)
+    assert _acc_count(plan) == 2
+    dx, dg = plan(go, x, q)
+    assert rel_err(dx, want_dx) <= TOLERANCE[dtype] and rel_err(dg, want_dg) <= TOLERANCE[dtype]
+
+
+def test_threads_take_whole_batch_items_against_finite_differences():
+    """float64, four items on two threads: central differences of sum(grad * forward) along
+    random directions of the input (the forward is linear in it) and of the grid."""
+    x, q, go = make("float64", 8, n=4, seed=9)
+    q = 0.9 * q                     # away from the borders, where the forward has kinks
+    plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=2)
+    assert _acc_count(plan) == 2
+    dx, dg = plan(go, x, q)
+    rng = np.random.default_rng(10)
+
+    def loss(xv, qv):
+        return float(np.sum(go * gs3d.grid_sample_3d(xv, qv)))
+
+    for _ in range(3):
+        v = rng.standard_normal(x.shape)
+        fd = (loss(x + 1e-3 * v, q) - loss(x - 1e-3 * v, q)) / 2e-3
+        assert abs(fd - np.sum(dx * v)) <= 1e-9 * max(1.0, abs(fd))
+    h = 1e-7
+    for _ in range(3):
+        v = rng.standard_normal(q.shape)
+        fd = (loss(x, q + h * v) - loss(x, q - h * v)) / (2 * h)
+        assert abs(fd - np.sum(dg * v)) <= 1e-5 * max(1.0, abs(fd))

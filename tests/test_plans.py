@@ -736,9 +736,10 @@ def test_channels_last_copy_lives_in_sliced_input_grad():
         assert got[0] is dx
         assert np.array_equal(dx.view(np.uint32), want[0].view(np.uint32))
         assert np.array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
-        # scratch of the call: the channels-last accumulator (one item), the grid gradient,
-        # and with a strided item the input copy (one item more)
-        assert (peak > 2.5 * item) == extra_ok, (peak, item)
+        # scratch of the call: the channels-last accumulators (one item per thread, each
+        # thread running whole batch items), the grid gradient, and with a strided item the
+        # input copy (one item more)
+        assert (peak > 3.5 * item) == extra_ok, (peak, item)
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
