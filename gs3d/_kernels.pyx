@@ -105,7 +105,11 @@ cdef enum:
 # Beyond GATHER_MAX_C it runs only with channels contiguous in the input (NDHWC, or the
 # channels-last copy of NCDHW) and C a multiple of 8, reading each corner's channels with
 # contiguous loads: against the tile loop with its C consumer, at one thread, 1x16x32^3
-# 1.3-1.7x (NDHWC out) and 1.3-1.55x (NCDHW out), 1x8x48^3 NDHWC 1.2x.
+# 1.3-1.7x (NDHWC out) and 1.3-1.55x (NCDHW out), 1x8x48^3 NDHWC 1.2x.  So an NCDHW input
+# with C = 8 takes the channels-last copy when channels_last_rule holds, rather than gathering
+# each channel plane: plan, float32 random grids, 1 / 2 threads, 1x8x32^3 0.91 / 0.66 ->
+# 0.52 / 0.27 ms, 1x8x64^3 9.5 / 4.6 -> 6.6 / 2.9 ms, 8x8x32^3 9.3 / 5.2 -> 4.6 / 2.8 ms
+# (smooth 7.5 / 3.9 -> 3.7 / 2.0 ms).
 cdef enum:
     GATHER_MAX_C = 8
 
@@ -932,10 +936,11 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     nchunks = g.N * per_n
     if store_t is float:
         enable_simd_gather(g)
-    if (not g.simd_gather and channels_last_geo(g, &gT, As)
+    if ((not g.simd_gather or g.C % 8 == 0) and channels_last_geo(g, &gT, As)
             and nxcl >= g.D * g.H * g.W * g.C):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
-        # gather forward's point-by-point branch where it applies)
+        # gather forward's point-by-point branch where it applies; for C = 8 too, where the
+        # gather forward would otherwise read the channel planes)
         if store_t is float:
             enable_simd_gather(&gT)
         for n in range(g.N):

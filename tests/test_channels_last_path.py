@@ -222,3 +222,28 @@ def test_threads_take_whole_batch_items_against_finite_differences():
         v = rng.standard_normal(q.shape)
         fd = (loss(x, q + h * v) - loss(x, q - h * v)) / (2 * h)
         assert abs(fd - np.sum(dg * v)) <= 1e-5 * max(1.0, abs(fd))
+
+
+@pytest.mark.parametrize("cfg", CFGS[:3], ids=["zeros", "border-ac", "reflection"])
+@pytest.mark.parametrize("n", [1, 3])
+def test_forward_eight_channels(cfg, n):
+    """float32 NCDHW with C = 8 runs its forward through the channels-last copy (not the
+    gather of each channel plane): against the reference and PyTorch, at 1 and 2 threads,
+    with the bits of the NDHWC layout."""
+    x, q, go = make("float32", 8, n=n, seed=11)
+    assert pays(x, q)
+    want = ref.grid_sample_3d(x.astype(np.float64), q.astype(np.float64), **cfg)
+    cl_bits = channels_last_results(x, q, go, (True, True), cfg)[0]
+    try:
+        import torch
+        tw = torch.nn.functional.grid_sample(
+            torch.from_numpy(x), torch.from_numpy(q), mode="bilinear",
+            padding_mode=cfg.get("padding_mode", "zeros"),
+            align_corners=cfg.get("align_corners", False)).numpy()
+    except ImportError:
+        tw = None
+    for nt in (1, 2):
+        f = gs3d.grid_sample_3d(x, q, num_threads=nt, **cfg)
+        assert rel_err(f, want) <= TOLERANCE["float32"] and same(f, cl_bits), nt
+        if tw is not None:
+            assert rel_err(f, tw) <= TOLERANCE["float32"], nt
