@@ -452,9 +452,9 @@ cdef extern from *:
        each point's channels are summed eight at a time with contiguous loads instead (same
        arithmetic, per channel and corner); into NCDHW, eight points' sums are transposed into
        eight channel runs. */
-    static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+    GS3D_ALWAYS_INLINE void gs3d_forward_gather_body(const float* x, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
-                                     Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
+                                     const Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
                                      Py_ssize_t cnt, int align, int border) {
         float r[8];
@@ -553,6 +553,19 @@ cdef extern from *:
                 }
             }
         }
+    }
+    /* C = 1 gets its own copy with the channel loop folded away (same operations, same bits) */
+    static void gs3d_forward_gather_avx2(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+                                     Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
+                                     Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
+                                     Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
+                                     Py_ssize_t cnt, int align, int border) {
+        if (C == 1)
+            gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, 1, xc, q, qp, qc, out, op, oc, cnt,
+                                     align, border);
+        else
+            gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, C, xc, q, qp, qc, out, op, oc, cnt,
+                                     align, border);
     }
     /* The float32 backward under bilinear zeros/border padding for up to 8 channels, eight
        points per step with AVX2: the bits of setup_tile + backward_tile.  Per block of eight
