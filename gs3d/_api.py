@@ -574,7 +574,7 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
             and not _items_dense(dx_k)):
         # the channels-last input copy cannot live in this input_grad: a buffer for it, once
         # (and no longer pooled if that makes the scratch set too big for the pool)
-        res.xcl = np.empty(res.dx_acc.size, dtype=res.xcl.dtype)
+        res.xcl = np.empty(math.prod(res.dx_acc.shape[-4:]), dtype=res.xcl.dtype)
         res.nbytes += res.xcl.nbytes
         if res.nbytes > _POOL_MAX_BYTES:
             res.home = None

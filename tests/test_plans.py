@@ -740,6 +740,10 @@ def test_channels_last_copy_lives_in_sliced_input_grad():
         # thread running whole batch items), the grid gradient, and with a strided item the
         # input copy (one item more)
         assert (peak > 3.5 * item) == extra_ok, (peak, item)
+        # the input copy is one batch item, whatever the number of accumulators
+        plan = gs3d.plan_backward(g.shape, x.shape, q.shape, x.dtype, num_threads=2)
+        plan(g, x, q, input_grad=make())
+        assert plan._res.xcl.size == (x[0].size if extra_ok else 1)
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
