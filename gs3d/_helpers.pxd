@@ -757,15 +757,14 @@ cdef extern from *:
             }
         }
     }
-    /* C = 1 (the common single-channel volume) gets its own copy with the channel loops
-       folded away; same operations in the same order, so the same bits */
+    /* C = 1 (the common single-channel volume) and C = 4 get their own copies with the
+       channel loops folded away; same operations in the same order, so the same bits.  (The
+       caller stops at BWD_GATHER_MAX_C = 7 channels, so no C = 8 copy.) */
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         if (a->C == 1)
             gs3d_backward_gather_body(a, cnt, 1);
         else if (a->C == 4)
             gs3d_backward_gather_body(a, cnt, 4);
-        else if (a->C == 8)
-            gs3d_backward_gather_body(a, cnt, 8);
         else
             gs3d_backward_gather_body(a, cnt, a->C);
     }
