@@ -164,20 +164,22 @@ def _acc_count(plan):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cfg", CFGS, ids=["zeros", "border-ac", "reflection", "nearest"])
-def test_threads_take_whole_batch_items(dtype, cfg):
+@pytest.mark.parametrize("mask", [(True, True), (True, False)])
+def test_threads_take_whole_batch_items(dtype, cfg, mask):
     """With at least as many batch items as threads (float64, whose accumulators are twice
     the size: twice as many), each thread runs whole items of the channels-last path with
-    its own accumulator.  The plan holds one per thread, and the results are bitwise those of
+    its own accumulator, with and without the grid gradient.  The plan holds one per thread, and the results are bitwise those of
     the channels-last layout at every thread count, with more items than threads (the items
     are handed out dynamically) and with an input_grad that is not one block per item (the
     input copy then needs the buffer, and the items run in turn)."""
-    n = 5
+    n = 9        # float64 takes the path at every thread count up to 4
     x, q, go = make(dtype, 8, n=n, seed=7)
     assert pays(x, q)
-    want = channels_last_results(x, q, go, (True, True), cfg)
+    want = channels_last_results(x, q, go, mask, cfg)
     big = 2 if dtype == "float64" else 1
     for nt in (1, 2, 3, 4):
-        plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=nt, **cfg)
+        plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=nt,
+                                  output_mask=mask, **cfg)
         assert _acc_count(plan) == (nt if 1 < nt and big * nt <= n else 1), nt
         for _ in range(2):
             dx, dg = plan(go, x, q)
