@@ -1742,6 +1742,21 @@ cdef void split_task(const store_t* grad, const store_t* x, const store_t* q, st
                       <int>min(<Py_ssize_t>TILE, P - ti * TILE), 0, g.D, True, do_dg, True)
 
 
+cdef void output_task(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
+                      acc_t* A, Py_ssize_t* As, acc_t* work, Geo* g, Tile* t, Py_ssize_t n,
+                      int k, int nt, Py_ssize_t ntiles, store_t* dx, bint store) noexcept nogil:
+    """Task ``k`` of ``nt`` of the output split of batch item n: task 0 the input gradient
+    (every plane, all points in order, no grid gradient: slab_task), tasks 1 to nt - 1 the
+    grid gradient of their share of the tiles (grid_grad_chunk).  Each output is written by
+    the code, and in the order, of the one-thread call, so the bits are the same."""
+    cdef Py_ssize_t ci
+    if k == 0:
+        slab_task(grad, x, q, dq, A, As, work, g, t, n, 0, g.D, False, dx, store, NULL)
+    else:
+        for ci in range(((k - 1) * ntiles) // (nt - 1), (k * ntiles) // (nt - 1)):
+            grid_grad_chunk(grad, x, q, dq, work, g, t, n, ci)
+
+
 cdef inline bint store_run(const acc_t* A, store_t* dx, Py_ssize_t cnt, int hk) noexcept nogil:
     """Round ``cnt`` contiguous float32 accumulator values into contiguous 16-bit input_grad,
     eight at a time (gs3d_store_h: the bits of ``st``, which rounds the rest) where the build
@@ -2066,6 +2081,24 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                                            want_dg)
                             for z in prange(g.D, schedule='static', num_threads=nthreads):
                                 add_planes(A, dacc, As, gp, z, z + 1)
+                        continue
+                if (sb == NULL and nthreads > 1 and want_dg and g.mode == MODE_BILINEAR
+                        and ntiles >= 2):
+                    # no split of the points here (16-bit storage, the channels-last copy,
+                    # an input_grad that is not dense): where depth slabs would make every
+                    # thread set up most tiles (split_pays), split the outputs instead, one
+                    # thread scattering the input gradient and the others writing the grid
+                    # gradient (no extra memory; the bits of one thread, see output_task)
+                    choose_slabs(q, gp, n, 2, two, cost)
+                    if split_pays(q, gp, n, ntiles, hull, two):
+                        for t in prange(nthreads, schedule='static', chunksize=1,
+                                        num_threads=nthreads):
+                            output_task(grad, xin, q, dgrid, A, As, &scratch[threadid() * srow],
+                                        gp, &tiles[threadid()], n, <int>t, nthreads, ntiles,
+                                        dx, store)
+                        if cl and in_dx:
+                            for z in prange(g.D, schedule='static', num_threads=nthreads):
+                                store_planes(A, As, dx, gp, n, z, z + 1)
                         continue
                 if sb != bounds:
                     choose_slabs(q, gp, n, nt, bounds, cost)

@@ -54,3 +54,25 @@ def _requested_threads_on_small_shapes(monkeypatch):
     _api.clear_call_cache()
     yield
     _api.clear_call_cache()
+
+
+def check_by_finite_differences(loss, x, grid, dx, dg, rng, points=12, dg_tol=1e-6):
+    """float64 gradients of ``loss(x, grid)`` (sum(grad_output * forward)) against central
+    differences: ``dx`` along three random directions (the forward is linear in the input, so
+    the difference is exact up to rounding), ``dg`` per coordinate at ``points`` sampled grid
+    points (the grid must keep clear of the kinks: integer coordinates, faces)."""
+    h = 1e-3
+    for _ in range(3):
+        v = rng.standard_normal(x.shape)
+        fd = (loss(x + h * v, grid) - loss(x - h * v, grid)) / (2 * h)
+        assert abs(fd - np.sum(dx * v)) <= 1e-9 * max(1.0, abs(fd))
+    h = 1e-6
+    flat = grid.reshape(-1, 3)
+    dflat = dg.reshape(-1, 3)
+    for p in rng.choice(flat.shape[0], points, replace=False):
+        for a in range(3):
+            gp, gm = flat.copy(), flat.copy()
+            gp[p, a] += h
+            gm[p, a] -= h
+            fd = (loss(x, gp.reshape(grid.shape)) - loss(x, gm.reshape(grid.shape))) / (2 * h)
+            assert abs(fd - dflat[p, a]) <= dg_tol * max(1.0, abs(fd)), (p, a, fd, dflat[p, a])

@@ -11,8 +11,8 @@ import pytest
 import gs3d
 from gs3d import reference as ref
 
-from conftest import (DTYPES, LAYOUTS, MODES, PADDINGS, TOLERANCE, from_layout, np_dtype,
-                      rel_err, to_layout)
+from conftest import (DTYPES, LAYOUTS, MODES, PADDINGS, TOLERANCE, check_by_finite_differences,
+                      from_layout, np_dtype, rel_err, to_layout)
 
 WORKED = dict(
     x=np.arange(1, 10).reshape(1, 1, 1, 3, 3),
@@ -228,21 +228,4 @@ def test_finite_differences(padding, align):
     def loss(xv, gv):
         return float(np.sum(grad * gs3d.grid_sample_3d(xv, gv, **opts)))
 
-    # dx: the forward is linear in x, so a central difference along a random direction is exact
-    # up to rounding
-    h = 1e-3
-    for _ in range(3):
-        v = rng.standard_normal(x.shape)
-        fd = (loss(x + h * v, grid) - loss(x - h * v, grid)) / (2 * h)
-        assert abs(fd - np.sum(dx * v)) <= 1e-9 * max(1.0, abs(fd))
-    # dgrid: central differences per coordinate of a sample of points
-    h = 1e-6
-    flat = grid.reshape(-1, 3)
-    dflat = dg.reshape(-1, 3)
-    for p in rng.choice(flat.shape[0], 12, replace=False):
-        for a in range(3):
-            gp, gm = flat.copy(), flat.copy()
-            gp[p, a] += h
-            gm[p, a] -= h
-            fd = (loss(x, gp.reshape(grid.shape)) - loss(x, gm.reshape(grid.shape))) / (2 * h)
-            assert abs(fd - dflat[p, a]) <= 1e-6 * max(1.0, abs(fd)), (p, a, fd, dflat[p, a])
+    check_by_finite_differences(loss, x, grid, dx, dg, rng)

@@ -965,3 +965,89 @@ def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(build, di
         assert rel_err(from_layout(dx, layout), want[0]) <= TOLERANCE[dtype]
         assert rel_err(dg, want[1]) <= TOLERANCE[dtype]
     assert np.all(sc_buf[nt:] == 7)
+
+
+def _output_split_cases():
+    """Backwards that cannot split the points (16-bit storage, the channels-last copy of an
+    NCDHW input with many channels, an input_grad that is not dense) on random grids, where
+    two or more threads split the outputs instead: one scatters the input gradient, the others
+    write the grid gradient (kernels: output_task)."""
+    for dtype in ("float16", "bfloat16"):
+        for layout in ("NCDHW", "NDHWC"):
+            yield dtype, layout, 5, "new"
+    for dtype in ("float32", "float64", "bfloat16"):
+        yield dtype, "NCDHW", 16, "new"            # the channels-last copy in input_grad
+        yield dtype, "NCDHW", 16, "strided"        # ... in a buffer
+    for dtype in ("float32", "float64"):
+        yield dtype, "NDHWC", 3, "strided"
+
+
+@pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("dtype,layout,C,buffer", list(_output_split_cases()))
+def test_output_split_is_correct_and_the_same_at_every_thread_count(dtype, layout, C, buffer,
+                                                                    padding):
+    """The output split writes each output with the one-thread code in the one-thread order:
+    the same bits at 1 to 4 threads in both modes, with N = 1 and with fewer batch items than
+    threads (the items then run in turn, each split), right to the spec's tolerance."""
+    from conftest import TOLERANCE, from_layout, rel_err
+    from gs3d import reference
+    rng = np.random.default_rng(C + len(padding) + len(dtype))
+    dt = np_dtype(dtype)
+    for n in (1, 3):
+        parts = [_split_case(rng, dt, layout, C) for _ in range(n)]
+        g, x, q = (np.concatenate(a, axis=0) for a in zip(*parts))
+
+        def run(threads, deterministic):
+            out = _input_grad_buffer(buffer, x, layout)
+            dx, dg = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding,
+                                                  layout=layout, num_threads=threads,
+                                                  input_grad=out,
+                                                  deterministic=deterministic)
+            assert out is None or dx is out
+            return np.ascontiguousarray(dx), dg
+
+        first = run(1, True)
+        want_dx, want_dg = reference.grid_sample_3d_backward(
+            *(np.asarray(from_layout(a, layout), np.float64) for a in (g, x)),
+            q.astype(np.float64), padding_mode=padding)
+        assert rel_err(from_layout(first[0], layout), want_dx) <= TOLERANCE[dtype]
+        assert rel_err(first[1], want_dg) <= TOLERANCE[dtype]
+        for threads in (2, 3, 4):
+            for deterministic in (False, True):
+                dx, dg = run(threads, deterministic)
+                assert bits_equal(dx, first[0]), (n, threads, deterministic)
+                assert bits_equal(dg, first[1]), (n, threads, deterministic)
+
+
+@pytest.mark.parametrize("dtype,layout,C,buffer",
+                         [c for c in _output_split_cases() if c[0] in ("float32", "float64")])
+def test_output_split_against_torch(dtype, layout, C, buffer):
+    torch = pytest.importorskip("torch")
+    from conftest import from_layout, rel_err
+    rng = np.random.default_rng(C + len(buffer))
+    g, x, q = _split_case(rng, np.dtype(dtype), layout, C)
+    want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
+        torch.from_numpy(np.ascontiguousarray(from_layout(g, layout))),
+        torch.from_numpy(np.ascontiguousarray(from_layout(x, layout))), torch.from_numpy(q),
+        0, 0, False, [True, True]))
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    dx, dg = gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2,
+                                          input_grad=_input_grad_buffer(buffer, x, layout))
+    assert rel_err(from_layout(dx, layout), want_dx) <= tol
+    assert rel_err(dg, want_dg) <= tol
+
+
+@pytest.mark.parametrize("layout,C,buffer", [("NCDHW", 16, "new"), ("NCDHW", 16, "strided"),
+                                             ("NDHWC", 3, "strided")])
+def test_output_split_against_finite_differences(layout, C, buffer):
+    """float64 at two threads, against central differences of the forward."""
+    from conftest import check_by_finite_differences
+    rng = np.random.default_rng(31)
+    g, x, q = _split_case(rng, np.float64, layout, C)
+    dx, dg = gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2,
+                                          input_grad=_input_grad_buffer(buffer, x, layout))
+
+    def loss(xv, qv):
+        return float(np.sum(g * gs3d.grid_sample_3d(xv, qv, layout=layout)))
+
+    check_by_finite_differences(loss, x, q, dx, dg, rng)
