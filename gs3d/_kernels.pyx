@@ -1966,7 +1966,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef store_t* xT
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
-    cdef bint cl, in_dx, store
+    cdef bint cl, in_dx, store, points_split, slabs_repeat
     cdef Py_ssize_t two[3]
     cdef Py_ssize_t* sb
     P = g.Do * g.Ho * g.Wo
@@ -2054,16 +2054,21 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                     store = False
                 nt = nthreads if nthreads < g.D else <int>g.D
                 sb = NULL
-                if (split and not cl and not half_acc and g.mode == MODE_BILINEAR and ntiles >= 2
-                        and dacc_shape[0] * dacc_shape[1] * dacc_shape[2] * dacc_shape[3]
-                        >= g.D * g.H * g.W * g.C
-                        and dense_strides(&g.ds[1], dims, 4)):
+                points_split = (split and not cl and not half_acc
+                                and dacc_shape[0] * dacc_shape[1] * dacc_shape[2] * dacc_shape[3]
+                                >= g.D * g.H * g.W * g.C
+                                and dense_strides(&g.ds[1], dims, 4))
+                slabs_repeat = False
+                if (g.mode == MODE_BILINEAR and ntiles >= 2
+                        and (points_split or (nthreads > 1 and want_dg))):
                     # whether two depth slabs would make both threads set up most tiles:
-                    # judged for two slabs at every thread count, so that the choice, and
-                    # the results, never depend on it
+                    # judged for two slabs at every thread count, so that the choice of the
+                    # split of the points, and the results, never depend on it
                     sb = bounds if nt == 2 else two      # the slabs' own bounds at two
                     choose_slabs(q, gp, n, 2, sb, cost)
-                    if split_pays(q, gp, n, ntiles, hull, sb):
+                    slabs_repeat = split_pays(q, gp, n, ntiles, hull, sb)
+                if slabs_repeat:
+                    if points_split:
                         # two halves of the points, each scattered in order into its own
                         # accumulator (dx[n], dacc), then dx[n] += dacc: one half per thread,
                         # or the two in turn on one thread
@@ -2082,15 +2087,12 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                             for z in prange(g.D, schedule='static', num_threads=nthreads):
                                 add_planes(A, dacc, As, gp, z, z + 1)
                         continue
-                if (sb == NULL and nthreads > 1 and want_dg and g.mode == MODE_BILINEAR
-                        and ntiles >= 2):
-                    # no split of the points here (16-bit storage, the channels-last copy,
-                    # an input_grad that is not dense): where depth slabs would make every
-                    # thread set up most tiles (split_pays), split the outputs instead, one
-                    # thread scattering the input gradient and the others writing the grid
-                    # gradient (no extra memory; the bits of one thread, see output_task)
-                    choose_slabs(q, gp, n, 2, two, cost)
-                    if split_pays(q, gp, n, ntiles, hull, two):
+                    elif nthreads > 1 and want_dg:
+                        # no split of the points here (16-bit storage, the channels-last copy,
+                        # an input_grad that is not dense, several batch items, few output
+                        # points): split the outputs instead, one thread scattering the input
+                        # gradient and the others writing the grid gradient (no extra memory;
+                        # the bits of one thread, see output_task)
                         for t in prange(nthreads, schedule='static', chunksize=1,
                                         num_threads=nthreads):
                             output_task(grad, xin, q, dgrid, A, As, &scratch[threadid() * srow],

@@ -278,20 +278,16 @@ def test_split_against_torch(dtype, layout, padding):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_split_against_finite_differences(threads):
-    """The forward is linear in the input: a central difference of sum(grad * forward) along
-    a random direction equals <input_grad, direction> up to rounding (float64)."""
+    """float64 input and grid gradients against central differences of the forward."""
+    from conftest import check_by_finite_differences
     rng = np.random.default_rng(21)
     g, x, q = _split_case(rng, np.float64, "NDHWC", 3)
-    dx, _ = gs3d.grid_sample_3d_backward(g, x, q, layout="NDHWC", num_threads=threads)
+    dx, dg = gs3d.grid_sample_3d_backward(g, x, q, layout="NDHWC", num_threads=threads)
 
-    def loss(xv):
-        return float(np.sum(g * gs3d.grid_sample_3d(xv, q, layout="NDHWC")))
+    def loss(xv, qv):
+        return float(np.sum(g * gs3d.grid_sample_3d(xv, qv, layout="NDHWC")))
 
-    h = 1e-3
-    for _ in range(3):
-        v = rng.standard_normal(x.shape)
-        fd = (loss(x + h * v) - loss(x - h * v)) / (2 * h)
-        assert abs(fd - np.sum(dx * v)) <= 1e-9 * max(1.0, abs(fd))
+    check_by_finite_differences(loss, x, q, dx, dg, rng)
     slabs = gs3d.grid_sample_3d_backward(g, x, q, layout="NDHWC",
                                          input_grad=_input_grad_buffer("strided", x, "NDHWC"))
     assert not bits_equal(dx, np.ascontiguousarray(slabs[0]))      # the split was taken
