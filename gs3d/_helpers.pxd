@@ -456,7 +456,7 @@ cdef extern from *:
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                      const Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
-                                     Py_ssize_t cnt, int align, int border) {
+                                     Py_ssize_t cnt, int align, int border, int prefetch) {
         float r[8];
         gs3d_block8 blk[8];
         __m256i idx[3], m, okv[3];
@@ -476,6 +476,8 @@ cdef extern from *:
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
                 gs3d_map8(q + p * qp, qp, qc, k, W, H, D, align, border, idx, B->m, B->w, okv, mv);
                 B->base = gs3d_offset8(idx, sx, sy, sz);
+                if (!prefetch)
+                    continue;
                 if (rows && rlen <= 512)
                     gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
                 else
@@ -559,13 +561,13 @@ cdef extern from *:
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                      Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
-                                     Py_ssize_t cnt, int align, int border) {
+                                     Py_ssize_t cnt, int align, int border, int prefetch) {
         if (C == 1)
             gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, 1, xc, q, qp, qc, out, op, oc, cnt,
-                                     align, border);
+                                     align, border, prefetch);
         else
             gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, C, xc, q, qp, qc, out, op, oc, cnt,
-                                     align, border);
+                                     align, border, prefetch);
     }
     /* The float32 backward under bilinear zeros/border padding for up to 8 channels, eight
        points per step with AVX2: the bits of setup_tile + backward_tile.  Per block of eight
@@ -958,10 +960,10 @@ cdef extern from *:
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                      Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
-                                     Py_ssize_t cnt, int align, int border) {
+                                     Py_ssize_t cnt, int align, int border, int prefetch) {
         (void)x; (void)sx; (void)sy; (void)sz; (void)W; (void)H; (void)D; (void)C; (void)xc;
         (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
-        (void)border;
+        (void)border; (void)prefetch;
     }
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         (void)a; (void)cnt;
@@ -1021,7 +1023,7 @@ cdef extern from *:
                               Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
                               Py_ssize_t xc, const float* q, Py_ssize_t qp, Py_ssize_t qc,
                               float* out, Py_ssize_t op, Py_ssize_t oc, Py_ssize_t cnt,
-                              int align, int border) noexcept nogil
+                              int align, int border, int prefetch) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     int GS3D_HAVE_HALF_SIMD
