@@ -822,11 +822,11 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                                      g.padding == PAD_BORDER, g.prefetch_fwd)
             return
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
-    # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_BWD_MIN_KIB)
+    # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_FWD_MIN_KIB)
     ahead = <int>AHEAD if g.prefetch_fwd else cnt
-    for i in range(min(cnt, ahead)):
+    for i in range(min(cnt, ahead) if g.prefetch_fwd else 0):
         # the points the in-loop prefetch (``ahead`` points ahead) cannot reach
-        if g.prefetch_fwd and t.vs[i]:
+        if t.vs[i]:
             prefetch_corners(x, scratch, t, i, t.vs[i], 0)
     if C == 1:
         for i in range(cnt):
@@ -1485,9 +1485,9 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
     # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_BWD_MIN_KIB)
     ahead = <int>AHEAD if g.prefetch_bwd else cnt
-    for i in range(min(cnt, ahead)):
+    for i in range(min(cnt, ahead) if g.prefetch_bwd else 0):
         # the points the in-loop prefetch (``ahead`` points ahead) cannot reach
-        if g.prefetch_bwd and (t.vs[i] or (t.own[i] and t.vd[i])):
+        if t.vs[i] or (t.own[i] and t.vd[i]):
             prefetch_corners(x, A, t, i, t.vd[i] if t.own[i] else 0, t.vs[i])
     if C == 1:
         # one channel: no channel loops at all (same arithmetic as the general paths)
