@@ -252,11 +252,13 @@ def test_split_is_correct_and_the_same_at_every_thread_count(dtype, layout, C, p
     assert bits_equal(first[0], slabs[0]) != split
 
 
+@pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_split_against_torch(dtype, layout, padding):
-    """The split's input gradient against PyTorch's, at one and two threads."""
+def test_split_against_torch(dtype, layout, padding, align):
+    """The split's input gradient against PyTorch's, at one and two threads, under either corner
+    alignment."""
     torch = pytest.importorskip("torch")
     from conftest import from_layout, rel_err
     rng = np.random.default_rng(len(padding) + 3 * len(layout))
@@ -264,15 +266,15 @@ def test_split_against_torch(dtype, layout, padding):
     want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
         torch.from_numpy(np.ascontiguousarray(from_layout(g, layout))),
         torch.from_numpy(np.ascontiguousarray(from_layout(x, layout))), torch.from_numpy(q),
-        0, ["zeros", "border", "reflection"].index(padding), False, [True, True]))
+        0, ["zeros", "border", "reflection"].index(padding), align, [True, True]))
     tol = 1e-12 if dtype == "float64" else 1e-5
     for threads in (1, 2):
         dx, dg = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding, layout=layout,
-                                              num_threads=threads)
+                                              align_corners=align, num_threads=threads)
         assert rel_err(from_layout(dx, layout), want_dx) <= tol
         assert rel_err(dg, want_dg) <= tol
     slabs = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding, layout=layout,
-                                         input_grad=_input_grad_buffer("strided", x, layout))
+                                         align_corners=align, input_grad=_input_grad_buffer("strided", x, layout))
     assert not bits_equal(dx, np.ascontiguousarray(slabs[0]))      # the split was taken
 
 
@@ -978,13 +980,15 @@ def _output_split_cases():
         yield dtype, "NDHWC", 3, "strided"
 
 
+@pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("dtype,layout,C,buffer", list(_output_split_cases()))
 def test_output_split_is_correct_and_the_same_at_every_thread_count(dtype, layout, C, buffer,
-                                                                    padding):
+                                                                    padding, align):
     """The output split writes each output with the one-thread code in the one-thread order:
     the same bits at 1 to 4 threads in both modes, with N = 1 and with fewer batch items than
-    threads (the items then run in turn, each split), right to the spec's tolerance."""
+    threads (the items then run in turn, each split), right to the spec's tolerance, under
+    either corner alignment."""
     from conftest import TOLERANCE, from_layout, rel_err
     from gs3d import reference
     rng = np.random.default_rng(C + len(padding) + len(dtype))
@@ -996,7 +1000,8 @@ def test_output_split_is_correct_and_the_same_at_every_thread_count(dtype, layou
         def run(threads, deterministic):
             out = _input_grad_buffer(buffer, x, layout)
             dx, dg = gs3d.grid_sample_3d_backward(g, x, q, padding_mode=padding,
-                                                  layout=layout, num_threads=threads,
+                                                  align_corners=align, layout=layout,
+                                                  num_threads=threads,
                                                   input_grad=out,
                                                   deterministic=deterministic)
             assert out is None or dx is out
@@ -1005,7 +1010,7 @@ def test_output_split_is_correct_and_the_same_at_every_thread_count(dtype, layou
         first = run(1, True)
         want_dx, want_dg = reference.grid_sample_3d_backward(
             *(np.asarray(from_layout(a, layout), np.float64) for a in (g, x)),
-            q.astype(np.float64), padding_mode=padding)
+            q.astype(np.float64), padding_mode=padding, align_corners=align)
         assert rel_err(from_layout(first[0], layout), want_dx) <= TOLERANCE[dtype]
         assert rel_err(first[1], want_dg) <= TOLERANCE[dtype]
         for threads in (2, 3, 4):
