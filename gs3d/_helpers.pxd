@@ -569,11 +569,12 @@ cdef extern from *:
             gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, C, xc, q, qp, qc, out, op, oc, cnt,
                                      align, border, prefetch);
     }
-    /* The float32 backward under bilinear zeros/border padding for up to 8 channels, eight
-       points per step with AVX2: the bits of setup_tile + backward_tile.  Per block of eight
-       points, vectorised: the mapping (with the grid-gradient factors), corner masks and
-       weights, the gathers and channel dots of the grid gradient (C < 8: a chain from +0 in
-       channel order, then + 0, as lane 0 of dot_channels; C = 8: the tree of lane_sum), and
+    /* The float32 backward under bilinear zeros/border padding for up to 7 channels
+       (BWD_GATHER_MAX_C), eight points per step with AVX2: the bits of setup_tile +
+       backward_tile.  Per block of eight points, vectorised: the mapping (with the
+       grid-gradient factors), corner masks and weights, the gathers and channel dots of the
+       grid gradient (a chain from +0 in channel order, then + 0, as lane 0 of dot_channels
+       for C < 8; eight channels would need lane_sum's tree instead), and
        both grid-gradient formulas of grid_grad_of, picked per point.  The input-gradient
        scatter stays scalar, point by point in order, so that every element receives its
        contributions in the order of the tile loop.  Corners are scattered only where their
@@ -664,25 +665,13 @@ cdef extern from *:
                         const __m256i mg = _mm256_and_si256(mj[j], own);
                         const __m256i off = _mm256_add_epi32(B->base, _mm256_set1_epi32(
                             (int)((j >> 2) * sz + ((j >> 1) & 1) * sy + (j & 1) * sx)));
-                        if (C == 8) {
-                            __m256 t[8];
-                            for (c = 0; c < 8; c++) {
-                                v = _mm256_mask_i32gather_ps(zero, a->x + c * a->xc, off,
-                                                             _mm256_castsi256_ps(mg), 4);
-                                t[c] = _mm256_add_ps(zero, _mm256_mul_ps(g[c], v));
-                            }
-                            d[j] = _mm256_add_ps(
-                                _mm256_add_ps(_mm256_add_ps(t[0], t[4]), _mm256_add_ps(t[2], t[6])),
-                                _mm256_add_ps(_mm256_add_ps(t[1], t[5]), _mm256_add_ps(t[3], t[7])));
-                        } else {
-                            acc = zero;
-                            for (c = 0; c < C; c++) {
-                                v = _mm256_mask_i32gather_ps(zero, a->x + c * a->xc, off,
-                                                             _mm256_castsi256_ps(mg), 4);
-                                acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], v));
-                            }
-                            d[j] = _mm256_add_ps(acc, zero);
+                        acc = zero;
+                        for (c = 0; c < C; c++) {
+                            v = _mm256_mask_i32gather_ps(zero, a->x + c * a->xc, off,
+                                                         _mm256_castsi256_ps(mg), 4);
+                            acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], v));
                         }
+                        d[j] = _mm256_add_ps(acc, zero);
                     }
                     /* every corner in bounds: the sums factored by axis */
                     hx = _mm256_add_ps(
