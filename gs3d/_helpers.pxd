@@ -323,6 +323,41 @@ cdef extern from *:
         *fr = _mm256_sub_pd(u, f);
         *fl = _mm256_blendv_pd(_mm256_set1_pd(-2.0), f, ok);
     }
+    /* The depth planes [*lo, *hi] that the cnt (> 0) float32 points at q, q + qp, ... (z at
+       q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
+       (corner planes z0, z0 + 1 and the key plane; a point that samples nothing needs plane
+       0 only), four points at a time, z mapped by gs3d_map4 (the mapping of axis_index).
+       The last point fills the lanes past cnt (the same planes again). */
+    static void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc,
+                                   Py_ssize_t cnt, Py_ssize_t D, int align, int border,
+                                   Py_ssize_t* lo, Py_ssize_t* hi) {
+        const double sz = (double)D;
+        const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
+        const __m256d top = _mm256_set1_pd(sz - 1.0);
+        __m256d vlo = _mm256_set1_pd(sz), vhi = _mm256_set1_pd(-1.0);
+        __m256d fl, fr, ok, m, key;
+        double r[4];
+        const float* z = q + 2 * qc;
+        Py_ssize_t p, e = cnt - 1;
+        int l;
+        for (p = 0; p < cnt; p += 4) {
+            /* built in registers: a vector load of four separate stores would stall */
+            const __m128 zv = _mm_setr_ps(z[p * qp], z[(p + 1 < cnt ? p + 1 : e) * qp],
+                                          z[(p + 2 < cnt ? p + 2 : e) * qp],
+                                          z[(p + 3 < cnt ? p + 3 : e) * qp]);
+            gs3d_map4(_mm256_cvtps_pd(zv), sz, align, border, &fl, &fr, &ok, &m);
+            /* key_of: z0 clamped to [0, D - 1], 0 when nothing is sampled (fl is then -2) */
+            key = _mm256_min_pd(_mm256_max_pd(fl, zero), top);
+            vlo = _mm256_min_pd(vlo, _mm256_and_pd(_mm256_min_pd(key, fl), ok));
+            vhi = _mm256_max_pd(vhi, _mm256_and_pd(_mm256_max_pd(key, _mm256_add_pd(fl, one)), ok));
+        }
+        _mm256_storeu_pd(r, vlo);
+        *lo = (Py_ssize_t)r[0];
+        for (l = 1; l < 4; l++) if ((Py_ssize_t)r[l] < *lo) *lo = (Py_ssize_t)r[l];
+        _mm256_storeu_pd(r, vhi);
+        *hi = (Py_ssize_t)r[0];
+        for (l = 1; l < 4; l++) if ((Py_ssize_t)r[l] > *hi) *hi = (Py_ssize_t)r[l];
+    }
     /* one axis of eight points: int32 corner-0 index, in-bounds masks of corners 0 and 1, and
        the float weights (1 - frac, frac) */
     static inline __m128i gs3d_mask_pd_to_epi32(__m256d m) {
@@ -957,6 +992,12 @@ cdef extern from *:
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         (void)a; (void)cnt;
     }
+    static void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc,
+                                   Py_ssize_t cnt, Py_ssize_t D, int align, int border,
+                                   Py_ssize_t* lo, Py_ssize_t* hi) {
+        (void)q; (void)qp; (void)qc; (void)cnt; (void)D; (void)align; (void)border;
+        (void)lo; (void)hi;
+    }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
     static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) { (void)a; }
     #endif
@@ -974,6 +1015,9 @@ cdef extern from *:
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
         int align, border, do_dx, do_dg, own_all
     void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) noexcept nogil
+    void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc, Py_ssize_t cnt,
+                            Py_ssize_t D, int align, int border, Py_ssize_t* lo,
+                            Py_ssize_t* hi) noexcept nogil
     ctypedef struct gs3d_cl_args:
         const float* x
         float* A

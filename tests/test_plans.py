@@ -619,6 +619,40 @@ def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float3
 
 
 @pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+@pytest.mark.parametrize("kind", ["smooth", "random", "special"])
+def test_tile_depth_ranges_agree_across_builds(kind, padding, align):
+    """At N = 1 on two or more threads each tile's range of depth planes (tile_planes; four
+    float32 points at a time with AVX2, gs3d_tile_planes_f, where the grid's points are evenly
+    spaced) decides which depth slab works on it and whether the points are split.  A range
+    too narrow drops contributions, a different one can change the split: the AVX2 and the
+    baseline build must give the bits of one thread, for evenly spaced and other grids, every
+    tail length, and NaN, infinite and huge depths."""
+    rng = np.random.default_rng(len(kind) + 3 * align + len(padding))
+    for D, So in ((1, 5), (7, 9), (16, 13), (23, 21)):
+        x = rng.standard_normal((1, 2, D, 6, 5)).astype(np.float32)
+        axis = np.linspace(-1, 1, So)
+        q = np.stack(np.meshgrid(axis, axis, axis, indexing="ij")[::-1], axis=-1)[None]
+        if kind == "smooth":
+            q = 1.05 * q + 0.02 * rng.standard_normal(q.shape)
+        elif kind == "random":
+            q = rng.uniform(-1.3, 1.3, q.shape)
+        else:
+            q = q.copy()
+            hit = rng.random(q.shape) < 0.2
+            q[hit] = rng.choice([np.nan, np.inf, -np.inf, 1e30, -1e30, -0.0, 1.0, -1.0],
+                                hit.sum())
+        q = q.astype(np.float32)
+        go = rng.standard_normal((1, 2, So, So, So)).astype(np.float32)
+        for grid in (q, q[:, :, ::-1], np.asfortranarray(q)):
+            kw = dict(padding_mode=padding, align_corners=align)
+            one = _backward_both_builds(go, x, grid, num_threads=1, **kw)[0]
+            for threads in (2, 3):
+                for bits in _backward_both_builds(go, x, grid, num_threads=threads, **kw):
+                    assert all(np.array_equal(a, b) for a, b in zip(bits, one)), (D, threads)
+
+
+@pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NDHWC"), (4, "NCDHW"), (7, "NDHWC"),
                                       (8, "NCDHW")])
