@@ -365,14 +365,16 @@ cdef extern from *:
         return _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
             _mm256_castpd_si256(m), _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7)));
     }
-    static inline void gs3d_axis8(const float* c, double sz, int align, int border,
+    static inline void gs3d_axis8(__m256 c, double sz, int align, int border,
                                   __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
                                   __m256* w1, __m256i* ok, __m256* mult) {
         __m256d fl0, fr0, fl1, fr1, ok0, ok1, m0, m1;
         const __m256d one = _mm256_set1_pd(1.0);
         const int n = (int)sz;
-        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c)), sz, align, border, &fl0, &fr0, &ok0, &m0);
-        gs3d_map4(_mm256_cvtps_pd(_mm_loadu_ps(c + 4)), sz, align, border, &fl1, &fr1, &ok1, &m1);
+        gs3d_map4(_mm256_cvtps_pd(_mm256_castps256_ps128(c)), sz, align, border, &fl0, &fr0,
+                  &ok0, &m0);
+        gs3d_map4(_mm256_cvtps_pd(_mm256_extractf128_ps(c, 1)), sz, align, border, &fl1, &fr1,
+                  &ok1, &m1);
         *ok = _mm256_set_m128i(gs3d_mask_pd_to_epi32(ok1), gs3d_mask_pd_to_epi32(ok0));
         *mult = _mm256_set_m128(_mm256_cvtpd_ps(m1), _mm256_cvtpd_ps(m0));
         *idx = _mm256_set_m128i(_mm256_cvttpd_epi32(fl1), _mm256_cvttpd_epi32(fl0));
@@ -392,15 +394,20 @@ cdef extern from *:
                                  Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, int align, int border,
                                  __m256i* idx, __m256i* m, __m256* w, __m256i* ok,
                                  __m256* mult) {
-        float c[3][8];
         const double size[3] = {(double)W, (double)H, (double)D};
+        __m256 c[3];
+        float t[8];
         int l, a;
-        for (l = 0; l < 8; l++) {
-            if (l < k) {
-                const float* g = q + l * qp;
-                c[0][l] = g[0]; c[1][l] = g[qc]; c[2][l] = g[2 * qc];
+        for (a = 0; a < 3; a++) {
+            const float* g = q + a * qc;
+            if (k == 8) {
+                /* built in registers: a vector load of eight separate stores would stall */
+                c[a] = _mm256_setr_ps(g[0], g[qp], g[2 * qp], g[3 * qp], g[4 * qp], g[5 * qp],
+                                      g[6 * qp], g[7 * qp]);
             } else {
-                c[0][l] = c[1][l] = c[2][l] = NAN;
+                for (l = 0; l < 8; l++)
+                    t[l] = l < k ? g[l * qp] : NAN;
+                c[a] = _mm256_loadu_ps(t);
             }
         }
         for (a = 0; a < 3; a++)
