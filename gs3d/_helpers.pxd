@@ -618,8 +618,9 @@ cdef extern from *:
        grid gradient (a chain from +0 in channel order, then + 0, as lane 0 of dot_channels
        for C < 8; eight channels would need lane_sum's tree instead), and
        both grid-gradient formulas of grid_grad_of, picked per point.  The input-gradient
-       scatter stays scalar, point by point in order, so that every element receives its
-       contributions in the order of the tile loop.  Corners are scattered only where their
+       scatter stays point by point in order (scalar, or one 128-bit read-modify-write per
+       corner for four contiguous channels), so that every element receives its contributions
+       in the order of the tile loop.  Corners are scattered only where their
        depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
        plane (key_of) is there, unless own_all. */
     typedef struct {
@@ -776,13 +777,30 @@ cdef extern from *:
                         _mm256_storeu_si256((__m256i*)oa[j], _mm256_add_epi32(B->abase,
                             _mm256_set1_epi32((int)(jz * az + jy * ay + jx * ax))));
                     }
-                    for (l = 0; l < k; l++) {
-                        for (j = 0; j < 8; j++) {
-                            if ((vsb[j] >> l) & 1) {
-                                float* dst = a->A + oa[j][l];
-                                const float w = wa[j][l];
-                                for (c = 0; c < C; c++)
-                                    dst[c * a->ac] = dst[c * a->ac] + w * gov[c][l];
+                    if (C == 4 && a->ac == 1) {
+                        /* four contiguous channels: one 128-bit read-modify-write per corner,
+                           dst[c] + w * go[c] lane by lane as below */
+                        for (l = 0; l < k; l++) {
+                            const __m128 gv = a->gc == 1
+                                ? _mm_loadu_ps(a->go + (p + l) * a->gp)
+                                : _mm_setr_ps(gov[0][l], gov[1][l], gov[2][l], gov[3][l]);
+                            for (j = 0; j < 8; j++) {
+                                if ((vsb[j] >> l) & 1) {
+                                    float* dst = a->A + oa[j][l];
+                                    _mm_storeu_ps(dst, _mm_add_ps(_mm_loadu_ps(dst),
+                                        _mm_mul_ps(_mm_set1_ps(wa[j][l]), gv)));
+                                }
+                            }
+                        }
+                    } else {
+                        for (l = 0; l < k; l++) {
+                            for (j = 0; j < 8; j++) {
+                                if ((vsb[j] >> l) & 1) {
+                                    float* dst = a->A + oa[j][l];
+                                    const float w = wa[j][l];
+                                    for (c = 0; c < C; c++)
+                                        dst[c * a->ac] = dst[c * a->ac] + w * gov[c][l];
+                                }
                             }
                         }
                     }

@@ -670,6 +670,22 @@ def test_few_channel_float32_backward_agrees_across_builds(align, padding, C, la
 
 
 @pytest.mark.parametrize("grad_order", [False, True])
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("padding", ["zeros", "border"])
+def test_four_channels_last_float32_backward_agrees_across_builds(padding, align, grad_order):
+    """NDHWC with 4 channels: the AVX2 gather backward scatters each corner's four contiguous
+    channels with one 128-bit read-modify-write, taking grad_output's four values in one load
+    when its channel stride is 1 and from the staged values otherwise (``grad_order``).  Same
+    bits as the baseline build's per-channel loop (shared corners, tails, depth slabs at 3
+    threads, every output_mask) and the float64 reference's values."""
+    for n_points in (1, 8, 13, 203):
+        _points_backward_across_builds(np.random.default_rng(500 + n_points), 4, n_points,
+                                       "NDHWC", dict(mode="bilinear", padding_mode=padding,
+                                                     align_corners=align),
+                                       grad_order=grad_order)
+
+
+@pytest.mark.parametrize("grad_order", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border"])
 @pytest.mark.parametrize("C", [8, 16, 24, 32, 40])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
