@@ -28,8 +28,8 @@ def _select_kernels():
 
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
-    MAX_THREADS, MODES, GridSamplerError, Problem, as_input_array, check_output, check_problem,
-    kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
+    MAX_THREADS, MODES, PADDINGS, GridSamplerError, Problem, as_input_array, check_output,
+    check_problem, kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
     volume_shape,
 )
 
@@ -115,8 +115,7 @@ class _Resources:
         # NCDHW with many channels runs through channels-last copies (see the kernels):
         # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
         # input_grad[n] when that is contiguous, else in ``xcl``
-        self.cl = not pb.channels_last and _kernels.channels_last_pays(
-            pb.C, D, H, W, math.prod(pb.out_spatial))
+        self.cl = _channels_last_copies(pb, backward)
         # the split of one batch item's points in two halves (see _may_split)
         self.split = backward and want_dx and _may_split(pb)
         if want_dx and self.cl and 1 < nt and nt * np.dtype(acc).itemsize <= 4 * pb.N:
@@ -156,6 +155,17 @@ class _Resources:
         self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
 
 
+def _channels_last_copies(pb: Problem, backward: bool) -> bool:
+    """True when the kernels run ``pb`` (NCDHW) through channels-last copies: many channels,
+    or from four for the float32 bilinear backward under zeros or border padding (their rule,
+    _kernels.channels_last_pays; the buffers are sized here from it)."""
+    D, H, W = pb.in_spatial
+    few = (backward and pb.kind == "f4" and pb.mode == MODES["bilinear"]
+           and pb.padding != PADDINGS["reflection"])
+    return not pb.channels_last and _kernels.channels_last_pays(
+        pb.C, D, H, W, math.prod(pb.out_spatial), few)
+
+
 def _may_split(pb: Problem) -> bool:
     """True when the bilinear backward of ``pb`` may split the points of its one batch item
     in two halves, each scattered in order into its own float32/float64 accumulator
@@ -169,7 +179,7 @@ def _may_split(pb: Problem) -> bool:
     P = math.prod(pb.out_spatial)
     return (pb.N == 1 and pb.mode == MODES["bilinear"] and pb.kind not in _HALF_KIND
             and 4 * P >= D * H * W
-            and (pb.channels_last or not _kernels.channels_last_pays(pb.C, D, H, W, P)))
+            and not _channels_last_copies(pb, True))
 
 
 def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple) -> None:

@@ -114,8 +114,20 @@ cdef enum:
 # Measured at one thread (64^3 input, C = 8 and 32, smooth and random grids): with P at 0.42 and
 # 0.24 of the volume the copies won 1.0-4x in all but one case (grid gradient only, C = 8:
 # 0.84x); at 0.125 they lost up to 0.7x on smooth grids, at 0.03 up to 0.4x.
+# The float32 bilinear backward under zeros/border padding (the AVX2 gather backward's case,
+# whichever build runs it, so that both builds take one path and give one set of bits) takes
+# the copies from TRANSPOSE_FEW_MIN_C channels: the gather backward on the channels-last copy
+# reads and scatters a corner's channels in one or two lines, not in C planes (and from four
+# channels in one 128-bit read-modify-write).  In-process A/B, 2 threads unless said: 2x4x96^3
+# smooth 83.8 -> 57.8 ms, random 163 -> 108 ms; 1x4x64^3 smooth 11.3 -> 9.0 ms (1 thread
+# 20.3 -> 15.5), random 18.7 -> 15.7 ms.  C = 5-7 (scalar scatter) gain less: 1x6x64^3 and
+# 1x7x64^3 smooth 1.24-1.35x, random 1.04-1.09x, 2x6x64^3 random and 2x7x64^3 smooth 1.21x,
+# 2x5x64^3 smooth even, and one loss, 1x7x48^3 smooth at 1 thread 0.9x (a 3 MiB volume whose
+# copies weigh more); C = 2 and 3 gained nothing (0.88-1.10x).  N = 1 random grids lose the
+# split of the points (see gs3d._api._may_split), and still gain.
 cdef enum:
     TRANSPOSE_MIN_C = 8
+    TRANSPOSE_FEW_MIN_C = 4
     TRANSPOSE_MIN_FILL = 4
 
 
@@ -173,16 +185,20 @@ cdef inline Py_ssize_t region_bytes(Py_ssize_t P, int mode) noexcept nogil:
 
 
 cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
-                                    Py_ssize_t P) noexcept nogil:
-    return C >= TRANSPOSE_MIN_C and P * TRANSPOSE_MIN_FILL >= D * H * W
+                                    Py_ssize_t P, bint few) noexcept nogil:
+    return ((C >= TRANSPOSE_MIN_C or (few and C >= TRANSPOSE_FEW_MIN_C))
+            and P * TRANSPOSE_MIN_FILL >= D * H * W)
 
 
-def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P):
+def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P,
+                       bint few=False):
     """True when a volume (C, D, H, W) whose channel stride is not 1, sampled at ``P`` points
     per batch item, runs through channels-last copies (the buffers of those copies come from
     gs3d._api: a (D, H, W, C) accumulator of the compute type for the input gradient, and a
-    D * H * W * C storage-type buffer for the input copy when it cannot live in input_grad)."""
-    return bool(channels_last_rule(C, D, H, W, P))
+    D * H * W * C storage-type buffer for the input copy when it cannot live in input_grad).
+    ``few``: a float32 bilinear backward under zeros or border padding, which takes the copies
+    from TRANSPOSE_FEW_MIN_C channels."""
+    return bool(channels_last_rule(C, D, H, W, P, few))
 
 
 def cpu_has_avx2():
@@ -315,11 +331,11 @@ cdef void enable_simd_gather(Geo* g) noexcept nogil:
 # channels-last copies (NCDHW with many channels, see TRANSPOSE_MIN_C)
 # ---------------------------------------------------------------------------------------------
 
-cdef bint channels_last_geo(Geo* g, Geo* gT, Py_ssize_t* As) noexcept nogil:
-    """When the input's channel stride is not 1 and channels_last_rule holds: fill ``gT`` (``g``
-    with the input strides of a contiguous (D, H, W, C) copy of one batch item) and ``As`` (the
-    strides of a channels-last accumulator) and return True."""
-    if g.xs[4] == 1 or not channels_last_rule(g.C, g.D, g.H, g.W, g.Do * g.Ho * g.Wo):
+cdef bint channels_last_geo(Geo* g, Geo* gT, Py_ssize_t* As, bint few) noexcept nogil:
+    """When the input's channel stride is not 1 and channels_last_rule holds (``few`` as
+    there): fill ``gT`` (``g`` with the input strides of a contiguous (D, H, W, C) copy of one
+    batch item) and ``As`` (the strides of a channels-last accumulator) and return True."""
+    if g.xs[4] == 1 or not channels_last_rule(g.C, g.D, g.H, g.W, g.Do * g.Ho * g.Wo, few):
         return False
     gT[0] = g[0]
     gT.xs[0] = 0
@@ -963,7 +979,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     nchunks = g.N * per_n
     if store_t is float:
         enable_simd_gather(g)
-    if ((not g.simd_gather or g.C % 8 == 0) and channels_last_geo(g, &gT, As)
+    if ((not g.simd_gather or g.C % 8 == 0) and channels_last_geo(g, &gT, As, False)
             and nxcl >= g.D * g.H * g.W * g.C):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
         # gather forward's point-by-point branch where it applies; for C = 8 too, where the
@@ -2004,13 +2020,14 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef store_t* xT
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
-    cdef bint cl, in_dx, store, points_split, slabs_repeat
+    cdef bint cl, in_dx, store, points_split, slabs_repeat, few
     cdef Py_ssize_t two[3]
     cdef Py_ssize_t* sb
     P = g.Do * g.Ho * g.Wo
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
-    cl = channels_last_geo(g, &gT, Acl)
+    few = store_t is float and g.mode == MODE_BILINEAR and g.padding != PAD_REFLECTION
+    cl = channels_last_geo(g, &gT, Acl, few)
     in_dx = False
     if cl and want_dx:
         # the accumulator must be a contiguous (D, H, W, C) array
@@ -2029,6 +2046,11 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
             g.simd_gather = (g.simd_gather and g.C <= BWD_GATHER_MAX_C
                              and (not want_dx or int32_offsets(g, &g.ds[1]))
                              and (not want_dg or flat_points(g.os, g, &g.dp)))
+        elif g.C <= BWD_GATHER_MAX_C:
+            # few channels through the copies (TRANSPOSE_FEW_MIN_C): the gather backward on
+            # the copy, accumulating in the channels-last accumulator (the copy's strides)
+            enable_simd_gather(&gT)
+            gT.simd_gather = gT.simd_gather and (not want_dg or flat_points(gT.os, &gT, &gT.dp))
     gp = &gT if cl else g
     ntiles = (P + TILE - 1) // TILE
     A = NULL

@@ -66,6 +66,61 @@ def test_ncdhw_equals_channels_last_bitwise(dtype, mask, C):
                 assert same(a, b), (cfg, nt, name)
 
 
+def _no_split_channels_last(x, q, go, mask, cfg, nt):
+    """The NDHWC backward into a strided input_grad (which never takes the split of one batch
+    item's points), as NCDHW."""
+    buf = np.zeros(cl(x).shape[:4] + (2 * x.shape[1],), x.dtype)[..., ::2] if mask[0] else None
+    dx, dg = gs3d.grid_sample_3d_backward(cl(go), cl(x), q, layout="NDHWC", output_mask=mask,
+                                          num_threads=nt, input_grad=buf, **cfg)
+    return None if dx is None else np.moveaxis(dx, 4, 1), dg
+
+
+@pytest.mark.parametrize("mask", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("C", [4, 5, 7])
+def test_few_channels_float32_backward(C, n, mask):
+    """From TRANSPOSE_FEW_MIN_C = 4 channels the float32 bilinear backward under zeros or
+    border padding takes the copies too (with AVX2 the gather backward runs on the copy):
+    bitwise the channels-last layout's results at 1-4 threads (N = 1: the slabs' in-order
+    sums, as the strided NDHWC input_grad gets them), right against the reference; float64,
+    reflection and the forward keep the direct loops and their results."""
+    x, q, go = make("float32", C, n=n, seed=20 + C)
+    P = int(np.prod(q.shape[1:4]))
+    assert _api._kernels.channels_last_pays(C, D, H, W, P, True) and not pays(x, q)
+    for cfg in CFGS[:2]:
+        pb = _api.check_problem(x, q, go, cfg.get("mode", "bilinear"),
+                                cfg.get("padding_mode", "zeros"), cfg.get("align_corners", False),
+                                "NCDHW")
+        assert _api._channels_last_copies(pb, True) and not _api._channels_last_copies(pb, False)
+        want = _no_split_channels_last(x, q, go, mask, cfg, 1)
+        for nt in (1, 2, 3, 4):
+            got = gs3d.grid_sample_3d_backward(go, x, q, output_mask=mask, num_threads=nt, **cfg)
+            for name, a, b in zip(("input_grad", "grid_grad"), got, want):
+                assert same(a, b), (cfg, nt, name)
+        rdx, rdg = ref.grid_sample_3d_backward(*(a.astype(np.float64) for a in (go, x, q)),
+                                               **cfg)
+        for a, r in zip(got, (rdx, rdg)):
+            assert a is None or rel_err(a, r) <= TOLERANCE["float32"], cfg
+    for dtype, cfg in (("float64", {}), ("float32", dict(padding_mode="reflection"))):
+        pb = _api.check_problem(x.astype(dtype), q.astype(dtype), go.astype(dtype), "bilinear",
+                                cfg.get("padding_mode", "zeros"), False, "NCDHW")
+        assert not _api._channels_last_copies(pb, True), (dtype, cfg)
+
+
+def test_few_channels_float32_backward_against_torch():
+    torch = pytest.importorskip("torch")
+    x, q, go = make("float32", 4, n=1, seed=30)
+    for padding in ("zeros", "border"):
+        want = [t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
+            torch.from_numpy(go), torch.from_numpy(x), torch.from_numpy(q), 0,
+            ["zeros", "border"].index(padding), True, [True, True])]
+        for nt in (1, 2):
+            got = gs3d.grid_sample_3d_backward(go, x, q, padding_mode=padding,
+                                               align_corners=True, num_threads=nt)
+            for a, b in zip(got, want):
+                assert rel_err(a, b) <= TOLERANCE["float32"], (padding, nt)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_non_contiguous_input_grad_and_strided_inputs(dtype):
     """input_grad not one block per batch item (the input copy then goes to a buffer), inputs

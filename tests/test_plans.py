@@ -258,11 +258,12 @@ def test_split_is_correct_and_the_same_at_every_thread_count(dtype, layout, C, p
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_split_against_torch(dtype, layout, padding, align):
     """The split's input gradient against PyTorch's, at one and two threads, under either corner
-    alignment."""
+    alignment (three channels: from four, float32 NCDHW under zeros or border padding takes
+    the channels-last copies, which never split)."""
     torch = pytest.importorskip("torch")
     from conftest import from_layout, rel_err
     rng = np.random.default_rng(len(padding) + 3 * len(layout))
-    g, x, q = _split_case(rng, np.dtype(dtype), layout, 5)
+    g, x, q = _split_case(rng, np.dtype(dtype), layout, 3)
     want_dx, want_dg = (t.numpy() for t in torch.ops.aten.grid_sampler_3d_backward(
         torch.from_numpy(np.ascontiguousarray(from_layout(g, layout))),
         torch.from_numpy(np.ascontiguousarray(from_layout(x, layout))), torch.from_numpy(q),
