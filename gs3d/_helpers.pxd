@@ -623,6 +623,53 @@ cdef extern from *:
        in the order of the tile loop.  Corners are scattered only where their
        depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
        plane (key_of) is there, unless own_all. */
+    /* grid_grad_of for eight points, one per lane: d[j] the channel dots of corner j, w the
+       weights wx0 wx1 wy0 wy1 wz0 wz1, mj[j] corner j in bounds, mall all eight in bounds.
+       The sum factored by axis where every corner is in bounds, else the signed sum over the
+       corners in bounds from +0 in corner order (a blend, so lanes of other points and
+       corners out of bounds cannot disturb it, whatever their dots hold). */
+    GS3D_ALWAYS_INLINE void gs3d_grid_grad8(const __m256* d, const __m256* w, const __m256i* mj,
+                                            __m256i mall, __m256* gx_, __m256* gy_,
+                                            __m256* gz_) {
+        const __m256 zero = _mm256_setzero_ps();
+        const __m256 wx0 = w[0], wx1 = w[1], wy0 = w[2], wy1 = w[3], wz0 = w[4], wz1 = w[5];
+        __m256 hx, hy, hz, gx, gy, gz;
+        int j;
+        /* every corner in bounds: the sums factored by axis */
+        hx = _mm256_add_ps(
+            _mm256_mul_ps(wz0, _mm256_add_ps(_mm256_mul_ps(wy0, _mm256_sub_ps(d[1], d[0])),
+                                             _mm256_mul_ps(wy1, _mm256_sub_ps(d[3], d[2])))),
+            _mm256_mul_ps(wz1, _mm256_add_ps(_mm256_mul_ps(wy0, _mm256_sub_ps(d[5], d[4])),
+                                             _mm256_mul_ps(wy1, _mm256_sub_ps(d[7], d[6])))));
+        hy = _mm256_add_ps(
+            _mm256_mul_ps(wz0, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[2], d[0])),
+                                             _mm256_mul_ps(wx1, _mm256_sub_ps(d[3], d[1])))),
+            _mm256_mul_ps(wz1, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[6], d[4])),
+                                             _mm256_mul_ps(wx1, _mm256_sub_ps(d[7], d[5])))));
+        hz = _mm256_add_ps(
+            _mm256_mul_ps(wy0, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[4], d[0])),
+                                             _mm256_mul_ps(wx1, _mm256_sub_ps(d[5], d[1])))),
+            _mm256_mul_ps(wy1, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[6], d[2])),
+                                             _mm256_mul_ps(wx1, _mm256_sub_ps(d[7], d[3])))));
+        /* otherwise the corner by corner sum over the corners in bounds */
+        gx = gy = gz = zero;
+        for (j = 0; j < 8; j++) {
+            const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
+            const __m256 m = _mm256_castsi256_ps(mj[j]);
+            const __m256 fx = _mm256_mul_ps(w[2 + jy], w[4 + jz]);
+            const __m256 fy = _mm256_mul_ps(w[jx], w[4 + jz]);
+            const __m256 fz = _mm256_mul_ps(w[jx], w[2 + jy]);
+            const __m256 ex = _mm256_mul_ps(d[j], fx), ey = _mm256_mul_ps(d[j], fy);
+            const __m256 ez = _mm256_mul_ps(d[j], fz);
+            gx = _mm256_blendv_ps(gx, jx ? _mm256_add_ps(gx, ex) : _mm256_sub_ps(gx, ex), m);
+            gy = _mm256_blendv_ps(gy, jy ? _mm256_add_ps(gy, ey) : _mm256_sub_ps(gy, ey), m);
+            gz = _mm256_blendv_ps(gz, jz ? _mm256_add_ps(gz, ez) : _mm256_sub_ps(gz, ez), m);
+        }
+        gx = _mm256_blendv_ps(gx, hx, _mm256_castsi256_ps(mall));
+        gy = _mm256_blendv_ps(gy, hy, _mm256_castsi256_ps(mall));
+        gz = _mm256_blendv_ps(gz, hz, _mm256_castsi256_ps(mall));
+        *gx_ = gx; *gy_ = gy; *gz_ = gz;
+    }
     typedef struct {
         __m256i base, abase, iz, own, m[6];
         __m256 w[6], mult[3];
@@ -700,9 +747,6 @@ cdef extern from *:
                 }
                 if (B->ownb) {
                     const __m256 zero = _mm256_setzero_ps();
-                    const __m256 wx0 = B->w[0], wx1 = B->w[1], wy0 = B->w[2], wy1 = B->w[3];
-                    const __m256 wz0 = B->w[4], wz1 = B->w[5];
-                    __m256 hx, hy, hz;
                     own = B->own;
                     for (j = 0; j < 8; j++) {
                         const __m256i mg = _mm256_and_si256(mj[j], own);
@@ -716,39 +760,7 @@ cdef extern from *:
                         }
                         d[j] = _mm256_add_ps(acc, zero);
                     }
-                    /* every corner in bounds: the sums factored by axis */
-                    hx = _mm256_add_ps(
-                        _mm256_mul_ps(wz0, _mm256_add_ps(_mm256_mul_ps(wy0, _mm256_sub_ps(d[1], d[0])),
-                                                         _mm256_mul_ps(wy1, _mm256_sub_ps(d[3], d[2])))),
-                        _mm256_mul_ps(wz1, _mm256_add_ps(_mm256_mul_ps(wy0, _mm256_sub_ps(d[5], d[4])),
-                                                         _mm256_mul_ps(wy1, _mm256_sub_ps(d[7], d[6])))));
-                    hy = _mm256_add_ps(
-                        _mm256_mul_ps(wz0, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[2], d[0])),
-                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[3], d[1])))),
-                        _mm256_mul_ps(wz1, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[6], d[4])),
-                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[7], d[5])))));
-                    hz = _mm256_add_ps(
-                        _mm256_mul_ps(wy0, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[4], d[0])),
-                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[5], d[1])))),
-                        _mm256_mul_ps(wy1, _mm256_add_ps(_mm256_mul_ps(wx0, _mm256_sub_ps(d[6], d[2])),
-                                                         _mm256_mul_ps(wx1, _mm256_sub_ps(d[7], d[3])))));
-                    /* otherwise the corner by corner sum over the corners in bounds */
-                    gx = gy = gz = zero;
-                    for (j = 0; j < 8; j++) {
-                        const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
-                        const __m256 m = _mm256_castsi256_ps(mj[j]);
-                        const __m256 fx = _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]);
-                        const __m256 fy = _mm256_mul_ps(B->w[jx], B->w[4 + jz]);
-                        const __m256 fz = _mm256_mul_ps(B->w[jx], B->w[2 + jy]);
-                        const __m256 ex = _mm256_mul_ps(d[j], fx), ey = _mm256_mul_ps(d[j], fy);
-                        const __m256 ez = _mm256_mul_ps(d[j], fz);
-                        gx = _mm256_blendv_ps(gx, jx ? _mm256_add_ps(gx, ex) : _mm256_sub_ps(gx, ex), m);
-                        gy = _mm256_blendv_ps(gy, jy ? _mm256_add_ps(gy, ey) : _mm256_sub_ps(gy, ey), m);
-                        gz = _mm256_blendv_ps(gz, jz ? _mm256_add_ps(gz, ez) : _mm256_sub_ps(gz, ez), m);
-                    }
-                    gx = _mm256_blendv_ps(gx, hx, _mm256_castsi256_ps(mall));
-                    gy = _mm256_blendv_ps(gy, hy, _mm256_castsi256_ps(mall));
-                    gz = _mm256_blendv_ps(gz, hz, _mm256_castsi256_ps(mall));
+                    gs3d_grid_grad8(d, B->w, mj, mall, &gx, &gy, &gz);
                     _mm256_storeu_ps(gx8, _mm256_mul_ps(B->mult[0], gx));
                     _mm256_storeu_ps(gy8, _mm256_mul_ps(B->mult[1], gy));
                     _mm256_storeu_ps(gz8, _mm256_mul_ps(B->mult[2], gz));
@@ -827,8 +839,9 @@ cdef extern from *:
        lane_sum's tree and operand order (lanes 0 + 4, 1 + 5, 2 + 6, 3 + 7; then
        (0 4) + (2 6), (1 5) + (3 7); then their sum).  A corner outside the gather mask gets a
        zero vector, never a read.  The grid gradient is grid_grad_of's (the sum factored by
-       axis when all eight corners are in bounds, else the signed sum over corners); the
-       scatter is gs3d_axpy_f's, corner by corner.  16-bit storage (xkind 1 or 2): the input
+       axis when all eight corners are in bounds, else the signed sum over corners), computed
+       for eight points at once (gs3d_grid_grad8, shared with the gather backward); the
+       scatter is gs3d_axpy_f's, corner by corner, point by point in order.  16-bit storage (xkind 1 or 2): the input
        is read as gs3d_dot_h reads it (eight values converted exactly), grad_output comes
        already converted (staged: go + C i for point i) and the grid gradient, in float32, goes
        to gq for the caller to round.  The caller has prefetched the first ``ahead`` points. */
@@ -870,24 +883,49 @@ cdef extern from *:
         return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
                              _mm256_permute2f128_ps(a, b, 0x31));
     }
+    /* eight consecutive values of a tile array from index i0 (n of them, the rest 0), as floats */
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8d(const double* v, int i0, int n) {
+        double t[8];
+        int l;
+        if (n == 8)
+            return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(v + i0 + 4)),
+                                   _mm256_cvtpd_ps(_mm256_loadu_pd(v + i0)));
+        for (l = 0; l < 8; l++)
+            t[l] = l < n ? v[i0 + l] : 0.0;
+        return _mm256_set_m128(_mm256_cvtpd_ps(_mm256_loadu_pd(t + 4)),
+                               _mm256_cvtpd_ps(_mm256_loadu_pd(t)));
+    }
     GS3D_ALWAYS_INLINE void gs3d_cl_run(const gs3d_cl_args* a, const Py_ssize_t C, const int xk) {
         const Py_ssize_t T = a->tile, qc = a->qc;
         const int cnt = a->cnt;
-        float r8[8], d[8];
-        __m256 v[8], e, h;
-        int i, j;
+        float gx8[8], gy8[8], gz8[8];
+        unsigned char vd8[8];
+        __m256 R[8], v[8], d[8], w6[6], e, h, gx, gy, gz;
+        __m256i vdv, mj[8], mall;
+        int i, i0, n, l, j;
+        unsigned gm;
         Py_ssize_t c;
-        for (i = 0; i < cnt; i++) {
-            const unsigned own = a->own[i], vs = a->vs[i], vd = own ? a->vd[i] : 0;
-            const float* go = a->staged ? a->go + C * i : a->go + a->ob[i];
-            const int k = i + a->ahead;
-            if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
-                gs3d_cl_prefetch(a, k);
-            if (own) {
-                const float wx0 = (float)a->f[i], wx1 = (float)a->f[T + i];
-                const float wy0 = (float)a->f[2 * T + i], wy1 = (float)a->f[3 * T + i];
-                const float wz0 = (float)a->f[4 * T + i], wz1 = (float)a->f[5 * T + i];
-                float gx = 0, gy = 0, gz = 0;
+        /* eight points at a time: each point's corner dots (one vector, corners 0 2 4 6 | 1 3
+           5 7) and its input-gradient scatter in point order, then the eight points' grid
+           gradients together, lane by lane with grid_grad_of's operations */
+        for (i0 = 0; i0 < cnt; i0 += 8) {
+            n = cnt - i0 < 8 ? cnt - i0 : 8;
+            gm = 0;
+            for (l = 0; l < 8; l++) {
+                R[l] = _mm256_setzero_ps();
+                vd8[l] = 0;
+            }
+            for (l = 0; l < n; l++) {
+                const int ip = i0 + l, k = ip + a->ahead;
+                const unsigned own = a->own[ip], vs = a->vs[ip], vd = own ? a->vd[ip] : 0;
+                const float* go = a->staged ? a->go + C * ip : a->go + a->ob[ip];
+                i = ip;
+                if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
+                    gs3d_cl_prefetch(a, k);
+                if (own) {
+                    gm |= 1u << l;
+                    vd8[l] = (unsigned char)vd;
+                }
                 if (vd) {
                     for (j = 0; j < 8; j++)
                         v[j] = (vd >> j) & 1 ? gs3d_cl_dot(a, go, a->xb[i] + a->xd[j], C, xk)
@@ -903,48 +941,49 @@ cdef extern from *:
                     h = _mm256_add_ps(_mm256_shuffle_ps(v[4], v[6], 0x44),
                                       _mm256_shuffle_ps(v[4], v[6], 0xEE));
                     /* their sums: the dots of corners 0 2 4 6 | 1 3 5 7 */
-                    _mm256_storeu_ps(r8, _mm256_add_ps(_mm256_shuffle_ps(e, h, 0x88),
-                                                       _mm256_shuffle_ps(e, h, 0xDD)));
-                    for (j = 0; j < 8; j++)
-                        d[j] = r8[4 * (j & 1) + (j >> 1)];
+                    R[l] = _mm256_add_ps(_mm256_shuffle_ps(e, h, 0x88),
+                                         _mm256_shuffle_ps(e, h, 0xDD));
                 }
-                if (vd == 0xFF) {
-                    gx = wz0 * (wy0 * (d[1] - d[0]) + wy1 * (d[3] - d[2]))
-                         + wz1 * (wy0 * (d[5] - d[4]) + wy1 * (d[7] - d[6]));
-                    gy = wz0 * (wx0 * (d[2] - d[0]) + wx1 * (d[3] - d[1]))
-                         + wz1 * (wx0 * (d[6] - d[4]) + wx1 * (d[7] - d[5]));
-                    gz = wy0 * (wx0 * (d[4] - d[0]) + wx1 * (d[5] - d[1]))
-                         + wy1 * (wx0 * (d[6] - d[2]) + wx1 * (d[7] - d[3]));
-                } else {
-                    for (j = 0; j < 8; j++) {
-                        if ((vd >> j) & 1) {
-                            const float dot = d[j];
-                            const float fx = ((j >> 1) & 1 ? wy1 : wy0) * (j >> 2 ? wz1 : wz0);
-                            const float fy = (j & 1 ? wx1 : wx0) * (j >> 2 ? wz1 : wz0);
-                            const float fz = (j & 1 ? wx1 : wx0) * ((j >> 1) & 1 ? wy1 : wy0);
-                            gx = j & 1 ? gx + dot * fx : gx - dot * fx;
-                            gy = (j >> 1) & 1 ? gy + dot * fy : gy - dot * fy;
-                            gz = j >> 2 ? gz + dot * fz : gz - dot * fz;
-                        }
+                for (j = 0; j < 8; j++) {
+                    if ((vs >> j) & 1) {
+                        float* dst = a->A + a->ab[i] + a->ad[j];
+                        const __m256 w = _mm256_set1_ps((float)a->w[j * T + i]);
+                        for (c = 0; c < C; c += 8)
+                            _mm256_storeu_ps(dst + c, _mm256_add_ps(_mm256_loadu_ps(dst + c),
+                                _mm256_mul_ps(w, _mm256_loadu_ps(go + c))));
                     }
                 }
-                if (xk) {
-                    a->gq[3 * i] = (float)a->mult[i] * gx;
-                    a->gq[3 * i + 1] = (float)a->mult[T + i] * gy;
-                    a->gq[3 * i + 2] = (float)a->mult[2 * T + i] * gz;
-                } else {
-                    a->dq[a->oq[i]] = (float)a->mult[i] * gx;
-                    a->dq[a->oq[i] + qc] = (float)a->mult[T + i] * gy;
-                    a->dq[a->oq[i] + 2 * qc] = (float)a->mult[2 * T + i] * gz;
-                }
             }
+            if (!gm)
+                continue;
+            /* R[k], lane l: point l's dot of corner 2k (k < 4) or 2 (k - 4) + 1 */
+            gs3d_transpose8(R);
+            for (j = 0; j < 8; j++)
+                d[j] = R[(j >> 1) + 4 * (j & 1)];
+            vdv = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)vd8));
+            mall = _mm256_cmpeq_epi32(vdv, _mm256_set1_epi32(0xFF));
             for (j = 0; j < 8; j++) {
-                if ((vs >> j) & 1) {
-                    float* dst = a->A + a->ab[i] + a->ad[j];
-                    const __m256 w = _mm256_set1_ps((float)a->w[j * T + i]);
-                    for (c = 0; c < C; c += 8)
-                        _mm256_storeu_ps(dst + c, _mm256_add_ps(_mm256_loadu_ps(dst + c),
-                            _mm256_mul_ps(w, _mm256_loadu_ps(go + c))));
+                const __m256i bit = _mm256_set1_epi32(1 << j);
+                mj[j] = _mm256_cmpeq_epi32(_mm256_and_si256(vdv, bit), bit);
+            }
+            for (j = 0; j < 6; j++)
+                w6[j] = gs3d_cl_ld8d(a->f + j * T, i0, n);
+            gs3d_grid_grad8(d, w6, mj, mall, &gx, &gy, &gz);
+            _mm256_storeu_ps(gx8, _mm256_mul_ps(gs3d_cl_ld8d(a->mult, i0, n), gx));
+            _mm256_storeu_ps(gy8, _mm256_mul_ps(gs3d_cl_ld8d(a->mult + T, i0, n), gy));
+            _mm256_storeu_ps(gz8, _mm256_mul_ps(gs3d_cl_ld8d(a->mult + 2 * T, i0, n), gz));
+            for (l = 0; l < n; l++) {
+                if ((gm >> l) & 1) {
+                    i = i0 + l;
+                    if (xk) {
+                        a->gq[3 * i] = gx8[l];
+                        a->gq[3 * i + 1] = gy8[l];
+                        a->gq[3 * i + 2] = gz8[l];
+                    } else {
+                        a->dq[a->oq[i]] = gx8[l];
+                        a->dq[a->oq[i] + qc] = gy8[l];
+                        a->dq[a->oq[i] + 2 * qc] = gz8[l];
+                    }
                 }
             }
         }
