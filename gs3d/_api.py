@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import math
 import os
 import threading
@@ -14,13 +15,19 @@ from . import _kernels as _baseline_kernels
 
 
 def _select_kernels():
-    """The kernel module for this CPU: the AVX2/FMA/F16C build when the CPU has those
-    instructions and it was built, else the baseline build. ``GS3D_SIMD=baseline`` forces the
-    baseline. Both give bitwise the same results."""
-    if os.environ.get("GS3D_SIMD", "").lower() != "baseline" and _baseline_kernels.cpu_has_avx2():
+    """The kernel module for this CPU: the AVX-512 build when the CPU (and OS) has AVX-512 F,
+    VL, DQ and BW, else the AVX2/FMA/F16C build when it has those, else the baseline build,
+    each only if it was built. ``GS3D_SIMD=baseline`` or ``GS3D_SIMD=avx2`` caps the level.
+    All give bitwise the same results."""
+    cap = os.environ.get("GS3D_SIMD", "").lower()
+    levels = []
+    if cap not in ("baseline", "avx2") and _baseline_kernels.cpu_has_avx512():
+        levels.append("avx512")
+    if cap != "baseline" and _baseline_kernels.cpu_has_avx2():
+        levels.append("avx2")
+    for level in levels:
         try:
-            from . import _kernels_avx2
-            return _kernels_avx2, "avx2"
+            return importlib.import_module(f"{__package__}._kernels_{level}"), level
         except ImportError:
             pass
     return _baseline_kernels, "baseline"
@@ -605,7 +612,8 @@ def show_config() -> None:
     print(f"  numpy:            {np.__version__}")
     print(f"  OpenMP:           {'yes' if _kernels.openmp_enabled() else 'no (serial kernels)'}")
     print(f"  default threads:  {_kernels.max_threads()}")
-    simd = {"avx2": "AVX2 + FMA + F16C (runtime dispatch)",
+    simd = {"avx512": "AVX-512 (F, VL, DQ, BW) + AVX2 + FMA + F16C (runtime dispatch)",
+            "avx2": "AVX2 + FMA + F16C (runtime dispatch)",
             "baseline": "compiler baseline (x86-64: SSE2)"}[SIMD_LEVEL]
     print(f"  SIMD:             {simd}")
 

@@ -46,7 +46,8 @@ cdef extern from "numpy/arrayobject.h":
 
 from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
-    map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, MODE_NEAREST, MODE_BILINEAR,
+    map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, gs3d_cpu_has_avx512,
+    MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
@@ -204,6 +205,12 @@ def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, P
 def cpu_has_avx2():
     """True when this CPU has AVX2, FMA and F16C (the instructions of _kernels_avx2)."""
     return bool(gs3d_cpu_has_avx2())
+
+
+def cpu_has_avx512():
+    """True when this CPU (and OS) has AVX-512 F, VL, DQ and BW besides AVX2, FMA and F16C (the
+    instructions of _kernels_avx512)."""
+    return bool(gs3d_cpu_has_avx512())
 
 
 def openmp_enabled():

@@ -6,6 +6,7 @@ from ._kernels import (
     backward as backward,
     channels_last_pays as channels_last_pays,
     cpu_has_avx2 as cpu_has_avx2,
+    cpu_has_avx512 as cpu_has_avx512,
     forward as forward,
     max_threads as max_threads,
     openmp_enabled as openmp_enabled,

@@ -17,8 +17,9 @@ sdist="$(ls "$work"/dist/gs3d-*.tar.gz)"
 wheel="$(ls "$work"/dist/gs3d-*.whl)"
 sdist_files="$(tar tzf "$sdist")"
 wheel_files="$("$py" -m zipfile -l "$wheel")"
-for f in gs3d/_kernels.pyx gs3d/_kernels_avx2.pyx gs3d/_helpers.pxd gs3d/__init__.pyi gs3d/_kernels.pyi \
-         gs3d/_kernels_avx2.pyi gs3d/py.typed; do
+for f in gs3d/_kernels.pyx gs3d/_kernels_avx2.pyx gs3d/_kernels_avx512.pyx gs3d/_helpers.pxd \
+         gs3d/__init__.pyi gs3d/_kernels.pyi gs3d/_kernels_avx2.pyi gs3d/_kernels_avx512.pyi \
+         gs3d/py.typed; do
     grep -q "/$f\$" <<<"$sdist_files" || { echo "sdist lacks $f"; exit 1; }
 done
 for f in gs3d/__init__.pyi gs3d/_kernels.pyi gs3d/py.typed gs3d/torch.py gs3d/jax.py gs3d/dask.py; do

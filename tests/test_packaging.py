@@ -49,7 +49,8 @@ def test_stubtest(tmp_path):
     # untyped internals are not the stubs' business (their own type errors would stop stubtest)
     config.write_text(MYPY_CONFIG.format(cache=tmp_path / "cache"))
     allow = tmp_path / "allowlist.txt"
-    allowed = ["gs3d._kernels.__test__", "gs3d._kernels_avx2.__test__"]   # Cython artefacts
+    allowed = [f"gs3d.{m}.__test__" for m in ("_kernels", "_kernels_avx2", "_kernels_avx512")]
+    # (the Cython artefacts)
     # an adapter whose framework is not installed cannot be imported, so cannot be checked
     allowed += [f"gs3d.{name}(\\..*)?" for name, needs in ADAPTERS.items()
                 if importlib.util.find_spec(needs) is None]
@@ -115,11 +116,34 @@ def test_kernel_modules_keep_their_prefetch_hints():
     objdump = shutil.which("objdump")
     if objdump is None or platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("needs objdump and an x86-64 build")
-    names = ["_kernels"] + (["_kernels_avx2"]
-                            if importlib.util.find_spec("gs3d._kernels_avx2") else [])
+    names = ["_kernels"] + [m for m in ("_kernels_avx2", "_kernels_avx512")
+                            if importlib.util.find_spec(f"gs3d.{m}")]
     for name in names:
         path = importlib.util.find_spec(f"gs3d.{name}").origin
         out = subprocess.run([objdump, "-d", "--no-show-raw-insn", path], capture_output=True,
                              text=True, check=True).stdout
         count = sum("prefetcht0" in line for line in out.splitlines())
         assert count >= 20, f"{name}: {count} prefetch instructions"
+
+
+@pytest.mark.parametrize("cap", ["", "avx2", "baseline"])
+def test_simd_level_is_the_best_the_cpu_runs_under_the_cap(cap):
+    """gs3d picks the widest kernel module this CPU runs (AVX-512, then AVX2, then the
+    baseline); GS3D_SIMD caps it, and show_config names the module in use."""
+    from gs3d import _kernels
+    code = ("import gs3d, gs3d._api as a; gs3d.show_config(); "
+            "print(a.SIMD_LEVEL, a._kernels.__name__)")
+    env = dict(os.environ, GS3D_SIMD=cap)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, check=True).stdout.split()
+    level, module = out[-2], out[-1]
+    built = {m for m in ("avx2", "avx512") if importlib.util.find_spec(f"gs3d._kernels_{m}")}
+    want = "baseline"
+    if cap != "baseline" and _kernels.cpu_has_avx2() and "avx2" in built:
+        want = "avx2"
+        if cap != "avx2" and _kernels.cpu_has_avx512() and "avx512" in built:
+            want = "avx512"
+    assert level == want
+    assert module == ("gs3d._kernels" if want == "baseline" else f"gs3d._kernels_{want}")
+    assert ("AVX-512" in " ".join(out)) == (want == "avx512")
+

@@ -344,7 +344,9 @@ def test_deterministic_switches():
 
 
 def _kernel_modules():
-    """The baseline and the AVX2 kernel modules (skips where the AVX2 one cannot run)."""
+    """The baseline kernel module, then every SIMD variant this CPU runs: AVX2, and AVX-512
+    where the CPU has it (skips where the AVX2 one cannot run).  Cross-build tests compare
+    each variant with the baseline."""
     from gs3d import _kernels
     try:
         from gs3d import _kernels_avx2
@@ -352,7 +354,11 @@ def _kernel_modules():
         pytest.skip("the AVX2 variant is not built on this platform")
     if not _kernels.cpu_has_avx2():
         pytest.skip("this CPU lacks AVX2/FMA/F16C")
-    return _kernels, _kernels_avx2
+    modules = [_kernels, _kernels_avx2]
+    if _kernels.cpu_has_avx512():
+        from gs3d import _kernels_avx512
+        modules.append(_kernels_avx512)
+    return modules
 
 
 def _run_with(module, fn):
@@ -387,8 +393,9 @@ def test_simd_variants_agree_bitwise(layout, dtype, C, N, threads):
                                                                  num_threads=threads)
                          + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=threads),))
                for m in _kernel_modules()]
-    for a, b in zip(*results):
-        assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
@@ -408,9 +415,10 @@ def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
                                     num_threads=1).ravel(),
                 gs3d.grid_sample_3d(vol, q, align_corners=True, num_threads=1).ravel())
 
-    (first0, mid0), (first, mid) = (_run_with(m, run) for m in _kernel_modules())
-    assert np.array_equal(first0.view(np.uint16), first.view(np.uint16))
-    assert np.array_equal(mid0.view(np.uint16), mid.view(np.uint16))
+    (first0, mid0), *variants = (_run_with(m, run) for m in _kernel_modules())
+    for first, mid in variants:
+        assert np.array_equal(first0.view(np.uint16), first.view(np.uint16))
+        assert np.array_equal(mid0.view(np.uint16), mid.view(np.uint16))
     with np.errstate(all="ignore"):
         # the kernels sum from +0 in corner order, in float32, and round once
         one = (np.float32(0) + np.float32(1) * a.astype(np.float32)).astype(np.float16)
@@ -516,9 +524,10 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
     kw = dict(mode="bilinear", padding_mode=padding, align_corners=align, num_threads=1,
               layout=layout)
     results = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, **kw)) for m in _kernel_modules()]
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
     scale = max(np.abs(want).max(), 1e-30)
-    assert np.abs(results[1] - want).max() / scale <= 1e-5
+    for r in results[1:]:
+        assert np.array_equal(results[0].view(np.uint32), r.view(np.uint32))
+        assert np.abs(r - want).max() / scale <= 1e-5
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "out_view", "negative_strides", "ndhwc",
@@ -556,14 +565,15 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
             # channels 132 apart, points at step 1 (C = 16: the point-by-point branch with
             # each eight points' sums transposed into channel runs)
             out = np.moveaxis(np.full((2, C, 3, 4, 11), 5.0, np.float32), 1, 4)
-        results.append(_run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw)))
-    assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32))
-    if variant == "out_view":
-        assert results[1].base is not None and np.all(results[1].base[..., 1::2] == 5.0)
-    if variant == "ndhwc_views":
-        assert results[1].base is not None and np.all(results[1].base[:, :, :, 1::2] == 5.0)
-    if variant == "ndhwc_into_ncdhw_order":
-        assert results[1] is out            # written in place, not through a copy
+        r = _run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw))
+        results.append(r)
+        assert np.array_equal(results[0].view(np.uint32), r.view(np.uint32))
+        if variant == "out_view":
+            assert r.base is not None and np.all(r.base[..., 1::2] == 5.0)
+        if variant == "ndhwc_views":
+            assert r.base is not None and np.all(r.base[:, :, :, 1::2] == 5.0)
+        if variant == "ndhwc_into_ncdhw_order":
+            assert r is out            # written in place, not through a copy
 
 
 def _backward_both_builds(go, x, q, **kw):
@@ -604,9 +614,9 @@ def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float3
         go = np.moveaxis(np.ascontiguousarray(np.moveaxis(go, 1, 4)), 4, 1)
     for threads, mask in ((1, (True, True)), (3, (True, True)), (2, (True, False)),
                           (2, (False, True))):
-        base, avx2 = _backward_both_builds(go, x, q, output_mask=mask, layout=layout,
-                                           num_threads=threads, **opts)
-        for a, b, w in zip(base, avx2, want):
+        base, *variants = _backward_both_builds(go, x, q, output_mask=mask, layout=layout,
+                                                num_threads=threads, **opts)
+        for a, b, w in ((a, b, w) for simd in variants for a, b, w in zip(base, simd, want)):
             assert (a is None) == (b is None)
             if a is None:
                 continue
@@ -754,8 +764,9 @@ def test_few_channel_float32_backward_strides_agree_across_builds(variant, C):
                 assert out is kw[name] and np.all(out.base[..., 1::2, :] == 5.0
                                                   if name == "grid_grad"
                                                   else out.base[..., 1::2] == 5.0)
-    for a, b in zip(*results):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_channels_last_copy_lives_in_sliced_input_grad():
@@ -892,7 +903,7 @@ def test_half_input_grad_rounding_agrees_across_builds(layout, dtype):
             go, x, q, layout=layout, num_threads=t, output_mask=(True, False))[0])
             for m in _kernel_modules()]
         u = [r.view(np.uint16) for r in results]
-        assert np.array_equal(u[0], u[1])
+        assert all(np.array_equal(u[0], v) for v in u[1:])
         assert np.isnan(results[0].astype(np.float32)).any()
         assert np.isinf(results[0].astype(np.float32)).any()
 
@@ -923,7 +934,7 @@ def test_half_forward_ties_and_nan_payloads_agree_across_builds(layout, dtype):
         res = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, layout=layout, align_corners=True,
                                                         num_threads=t))
                for m in _kernel_modules()]
-        assert np.array_equal(res[0].view(np.uint16), res[1].view(np.uint16))
+        assert all(np.array_equal(res[0].view(np.uint16), r.view(np.uint16)) for r in res[1:])
         out = np.asarray(res[1] if layout == "NCDHW" else np.moveaxis(res[1], 4, 1))
         out = out.astype(np.float64)[0, :, 0, 0]                       # (C, P)
         nan = np.isnan(out)
@@ -959,14 +970,14 @@ def test_half_input_grad_ties_and_nan_payloads_agree_across_builds(layout, dtype
         res = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(
             go, x, q, layout=layout, align_corners=True, num_threads=t,
             output_mask=(True, False))[0]) for m in _kernel_modules()]
-        assert np.array_equal(res[0].view(np.uint16), res[1].view(np.uint16))
+        assert all(np.array_equal(res[0].view(np.uint16), r.view(np.uint16)) for r in res[1:])
         plane = np.asarray(res[0] if layout == "NCDHW" else np.moveaxis(res[0], 4, 1))[0, :, 2]
         want = (1 + 2 * ulp) * scale[0, :, 0]
         fin = ~np.isnan(plane.astype(np.float64))
         assert (~fin).any() and np.array_equal(plane.astype(np.float64)[fin], want[fin])
 
 
-@pytest.mark.parametrize("build", ["baseline", "avx2"])
+@pytest.mark.parametrize("build", ["baseline", "avx2", "avx512"])
 @pytest.mark.parametrize("direction,dtype,layout,padding", [
     ("forward", "float16", "NDHWC", "zeros"), ("forward", "float32", "NCDHW", "zeros"),
     ("forward", "float32", "NCDHW", "reflection"), ("forward", "float32", "NDHWC", "reflection"),
@@ -982,7 +993,10 @@ def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(build, di
     from gs3d import _api, reference
     from gs3d._validation import PADDINGS, check_problem
     from conftest import TOLERANCE, from_layout, rel_err, to_layout
-    k = _kernel_modules()[build == "avx2"]
+    builds = _kernel_modules()
+    if build == "avx512" and len(builds) < 3:
+        pytest.skip("this CPU lacks AVX-512")
+    k = builds[["baseline", "avx2", "avx512"].index(build)]
     dt = np_dtype(dtype)
     rng = np.random.default_rng(16)
     C = k.SCRATCH_EXTRA + 8
