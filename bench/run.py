@@ -732,14 +732,15 @@ def main(argv=None) -> int:
     md = markdown(records, info, args)
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)
+    written = "results.json, results.md"
     try:
         plot(records, os.path.join(args.out, "speedup.png"), args.quick)
+        written += ", speedup.png"
     except ImportError:
         print("matplotlib missing: no speedup.png (pip install matplotlib)", file=sys.stderr)
     print()
     print(md)
-    print(f"wrote {args.out}/results.json, results.md, speedup.png "
-          f"({info['total_seconds']:.0f} s)")
+    print(f"wrote {written} in {args.out} ({info['total_seconds']:.0f} s)")
     return 0
 
 
