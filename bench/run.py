@@ -191,6 +191,36 @@ def build_cases(quick: bool) -> List[Case]:
     return cases
 
 
+def build_pairs(quick: bool) -> List[Tuple[str, Case, Case]]:
+    """The issue's relative targets as pairs (what, A, B) of gs3d backward configurations,
+    each timed in one loop, A and B alternating on the same arrays: ratio = A time / B time.
+    (Cases of the main table are timed minutes apart and meet different loads on a shared
+    host, so ratios between them say little.)"""
+    S = SHAPES_QUICK if quick else SHAPES_FULL
+    pairs: List[Tuple[str, Case, Case]] = []
+
+    def case(key, **kw):
+        N, C, si, so = S[key]
+        return Case("paired", "bwd", N=N, C=C, S_in=si, S_out=so, **kw)
+
+    for key in ("A", "B", "D"):
+        for layout in ("NCDHW", "NDHWC"):
+            for grid in ("smooth", "random"):
+                pairs.append(("1 thread / 2 threads", case(key, layout=layout, grid=grid,
+                                                           threads=1),
+                              case(key, layout=layout, grid=grid)))
+    for key in ("A", "B"):
+        for layout in ("NCDHW", "NDHWC"):
+            for grid in ("smooth", "random"):
+                pairs.append(("mask (T, T) / (F, T)", case(key, layout=layout, grid=grid),
+                              case(key, layout=layout, grid=grid, mask=(False, True))))
+    for key in ("A", "D", "E"):
+        for grid in ("smooth", "random"):
+            pairs.append(("deterministic on / off", case(key, grid=grid, deterministic=True),
+                          case(key, grid=grid, deterministic=False)))
+    return pairs
+
+
 # Indicative figures from /work/shared/PERF_NOTES.md (a C prototype; backward, trilinear, zeros,
 # align_corners False, fp32, 2 threads).  Not a contract: shown for orientation only.
 def target_for(c: Case) -> Optional[str]:
@@ -506,6 +536,41 @@ def time_case(c: Case, budget: float, max_reps: int, extra_warm: int = 2) -> Dic
     return rec
 
 
+def time_pair(what: str, a: Case, b: Case, reps: int) -> Dict[str, Any]:
+    """gs3d under configurations a and b on the same arrays, alternating, after warm-ups."""
+    data = make_data(a)
+    run_a, run_b = make_runners(a, data)[0], make_runners(b, data)[0]
+    pc = time.perf_counter
+    for _ in range(2):
+        run_a(); run_b()
+    ta: List[float] = []
+    tb: List[float] = []
+    gc_was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            t0 = pc(); r = run_a(); ta.append(pc() - t0); del r
+            t0 = pc(); r = run_b(); tb.append(pc() - t0); del r
+    finally:
+        if gc_was:
+            gc.enable()
+    ma, mb = statistics.median(ta), statistics.median(tb)
+    return {"what": what, "a": a.name, "b": b.name, "reps": reps, "a_median_s": ma,
+            "b_median_s": mb, "ratio": ma / mb, "a_times_s": ta, "b_times_s": tb}
+
+
+def pairs_markdown(pairs: List[Dict[str, Any]]) -> str:
+    lines = ["", "## Paired gs3d comparisons", "",
+             "Two gs3d configurations on the same arrays in one loop, alternating (medians); "
+             "ratio = A time / B time.", "",
+             "| comparison | A | B | A ms | B ms | ratio |", "|---|---|---|---:|---:|---:|"]
+    for p in pairs:
+        lines.append(f"| {p['what']} | {p['a']} | {p['b']} | {p['a_median_s'] * 1e3:.3g} | "
+                     f"{p['b_median_s'] * 1e3:.3g} | {p['ratio']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 # ------------------------------------------------------------------------------------------
 # reporting
 # ------------------------------------------------------------------------------------------
@@ -694,13 +759,17 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     cases = build_cases(args.quick)
+    pair_specs = build_pairs(args.quick)
     if args.filter:
         cases = [c for c in cases if args.filter in c.name or args.filter == c.group]
+        pair_specs = [p for p in pair_specs if args.filter == "paired"]
     if args.list:
         for c in cases:
             print(f"{c.group:15s} {c.name}")
+        for what, a, b in pair_specs:
+            print(f"{'paired':15s} {what}: {a.name} / {b.name}")
         return 0
-    if not cases:
+    if not cases and not pair_specs:
         print("no case matches", file=sys.stderr)
         return 1
     budget = args.budget if args.budget is not None else (0.1 if args.quick else 2.5)
@@ -723,19 +792,28 @@ def main(argv=None) -> int:
               f"gs3d {rec['gs3d_median_s'] * 1e3:.3g} ms, torch {rec['torch_median_s'] * 1e3:.3g}"
               f" ms, ratio {rec['ratio']:.2f}{vr}, err {rec.get('err_max') or 0:.1e}, "
               f"mem {rec['mem_extra_x_dx_f32']:.2f}x", flush=True)
+    pairs = []
+    for i, (what, a, b) in enumerate(pair_specs, 1):
+        rec = time_pair(what, a, b, max(5, max_reps // 2))
+        pairs.append(rec)
+        print(f"[pair {i}/{len(pair_specs)} {time.perf_counter() - t_start:6.1f}s] {what}: "
+              f"{a.name} {rec['a_median_s'] * 1e3:.3g} ms / {b.name} "
+              f"{rec['b_median_s'] * 1e3:.3g} ms = {rec['ratio']:.2f}", flush=True)
     info["total_seconds"] = time.perf_counter() - t_start
     info["background_busy_after"] = background_busy()
     info["threads_used"] = sorted({c.threads for c in cases})
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump({"machine": info, "quick": args.quick, "seed": SEED, "budget_s": budget,
-                   "cases": records}, f, indent=1, default=str)
-    md = markdown(records, info, args)
+                   "cases": records, "pairs": pairs}, f, indent=1, default=str)
+    md = (markdown(records, info, args) if records else "") + (pairs_markdown(pairs)
+                                                                if pairs else "")
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(md)
     written = "results.json, results.md"
     try:
-        plot(records, os.path.join(args.out, "speedup.png"), args.quick)
-        written += ", speedup.png"
+        if records:
+            plot(records, os.path.join(args.out, "speedup.png"), args.quick)
+            written += ", speedup.png"
     except ImportError:
         print("matplotlib missing: no speedup.png (pip install matplotlib)", file=sys.stderr)
     print()
