@@ -35,8 +35,8 @@ def _select_kernels():
 
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
-    MAX_THREADS, MODES, PADDINGS, GridSamplerError, Problem, as_input_array, check_output,
-    check_problem, kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
+    MAX_THREADS, MODES, GridSamplerError, Problem, as_input_array, check_output, check_problem,
+    kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
     volume_shape,
 )
 
@@ -167,8 +167,7 @@ def _channels_last_copies(pb: Problem, backward: bool) -> bool:
     or from four for the float32 bilinear backward under zeros or border padding (their rule,
     _kernels.channels_last_pays; the buffers are sized here from it)."""
     D, H, W = pb.in_spatial
-    few = (backward and pb.kind == "f4" and pb.mode == MODES["bilinear"]
-           and pb.padding != PADDINGS["reflection"])
+    few = backward and _kernels.few_channels_backward(pb.kind == "f4", pb.mode, pb.padding)
     return not pb.channels_last and _kernels.channels_last_pays(
         pb.C, D, H, W, math.prod(pb.out_spatial), few)
 

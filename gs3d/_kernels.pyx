@@ -191,14 +191,26 @@ cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py
             and P * TRANSPOSE_MIN_FILL >= D * H * W)
 
 
+cdef inline bint few_channels_rule(bint float32, int mode, int padding) noexcept nogil:
+    """The backward whose NCDHW input takes the channels-last copies from
+    TRANSPOSE_FEW_MIN_C channels: float32 storage, bilinear, zeros or border padding (the AVX2
+    gather backward's case, whichever build runs)."""
+    return float32 and mode == MODE_BILINEAR and padding != PAD_REFLECTION
+
+
+def few_channels_backward(bint float32, int mode, int padding):
+    """few_channels_rule, for gs3d._api (``few`` of channels_last_pays)."""
+    return bool(few_channels_rule(float32, mode, padding))
+
+
 def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P,
                        bint few=False):
     """True when a volume (C, D, H, W) whose channel stride is not 1, sampled at ``P`` points
     per batch item, runs through channels-last copies (the buffers of those copies come from
     gs3d._api: a (D, H, W, C) accumulator of the compute type for the input gradient, and a
     D * H * W * C storage-type buffer for the input copy when it cannot live in input_grad).
-    ``few``: a float32 bilinear backward under zeros or border padding, which takes the copies
-    from TRANSPOSE_FEW_MIN_C channels."""
+    ``few``: a backward of few_channels_rule, which takes the copies from TRANSPOSE_FEW_MIN_C
+    channels."""
     return bool(channels_last_rule(C, D, H, W, P, few))
 
 
@@ -2033,7 +2045,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     P = g.Do * g.Ho * g.Wo
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
-    few = store_t is float and g.mode == MODE_BILINEAR and g.padding != PAD_REFLECTION
+    few = few_channels_rule(store_t is float, g.mode, g.padding)
     cl = channels_last_geo(g, &gT, Acl, few)
     in_dx = False
     if cl and want_dx:

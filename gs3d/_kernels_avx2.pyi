@@ -7,6 +7,7 @@ from ._kernels import (
     channels_last_pays as channels_last_pays,
     cpu_has_avx2 as cpu_has_avx2,
     cpu_has_avx512 as cpu_has_avx512,
+    few_channels_backward as few_channels_backward,
     forward as forward,
     max_threads as max_threads,
     openmp_enabled as openmp_enabled,
