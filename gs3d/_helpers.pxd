@@ -978,10 +978,10 @@ cdef extern from *:
                 vd8[l] = 0;
             }
             for (l = 0; l < n; l++) {
-                const int ip = i0 + l, k = ip + a->ahead;
-                const unsigned own = a->own[ip], vs = a->vs[ip], vd = own ? a->vd[ip] : 0;
-                const float* go = a->staged ? a->go + C * ip : a->go + a->ob[ip];
-                i = ip;
+                i = i0 + l;
+                const int k = i + a->ahead;
+                const unsigned own = a->own[i], vs = a->vs[i], vd = own ? a->vd[i] : 0;
+                const float* go = a->staged ? a->go + C * i : a->go + a->ob[i];
                 if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
                     gs3d_cl_prefetch(a, k);
                 if (own) {
