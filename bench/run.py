@@ -13,6 +13,7 @@ the gs3d and torch results relative to the largest torch value.  See bench/READM
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
 import json
@@ -466,6 +467,30 @@ def _iqr(v: List[float]) -> float:
     return q[2] - q[0]
 
 
+@contextlib.contextmanager
+def _gc_paused():
+    """The garbage collector off (after a collection) while timing."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _alternate(run_a, run_b, reps: int) -> Tuple[List[float], List[float]]:
+    """Seconds per call of run_a and run_b, called in turn ``reps`` times each."""
+    pc = time.perf_counter
+    ta: List[float] = []
+    tb: List[float] = []
+    for _ in range(reps):
+        t0 = pc(); r = run_a(); ta.append(pc() - t0); del r
+        t0 = pc(); r = run_b(); tb.append(pc() - t0); del r
+    return ta, tb
+
+
 def time_case(c: Case, budget: float, max_reps: int, extra_warm: int = 2) -> Dict[str, Any]:
     data = make_data(c)
     run_g, run_t, run_v = make_runners(c, data)
@@ -493,16 +518,9 @@ def time_case(c: Case, budget: float, max_reps: int, extra_warm: int = 2) -> Dic
     for _ in range(n_warm):
         run_g(); run_t()
 
-    tg: List[float] = []
-    tt: List[float] = []
     tv: List[float] = []
-    gc_was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(reps):      # alternate gs3d / torch every repetition
-            t0 = pc(); r = run_g(); tg.append(pc() - t0); del r
-            t0 = pc(); r = run_t(); tt.append(pc() - t0); del r
+    with _gc_paused():
+        tg, tt = _alternate(run_g, run_t, reps)      # gs3d / torch every repetition
         if run_v is not None:
             # volresample brings its own libgomp (a second OpenMP runtime, whose idle workers
             # spin for a while after each call): timed in its own block after the gs3d/torch
@@ -512,9 +530,6 @@ def time_case(c: Case, budget: float, max_reps: int, extra_warm: int = 2) -> Dic
             for _ in range(reps):
                 t0 = pc(); r = run_v(); tv.append(pc() - t0); del r
             time.sleep(0.05)
-    finally:
-        if gc_was:
-            gc.enable()
     mg, mt = statistics.median(tg), statistics.median(tt)
     rec: Dict[str, Any] = {
         "name": c.name, **dataclasses.asdict(c), "reps": reps,
@@ -540,21 +555,10 @@ def time_pair(what: str, a: Case, b: Case, reps: int) -> Dict[str, Any]:
     """gs3d under configurations a and b on the same arrays, alternating, after warm-ups."""
     data = make_data(a)
     run_a, run_b = make_runners(a, data)[0], make_runners(b, data)[0]
-    pc = time.perf_counter
     for _ in range(2):
         run_a(); run_b()
-    ta: List[float] = []
-    tb: List[float] = []
-    gc_was = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        for _ in range(reps):
-            t0 = pc(); r = run_a(); ta.append(pc() - t0); del r
-            t0 = pc(); r = run_b(); tb.append(pc() - t0); del r
-    finally:
-        if gc_was:
-            gc.enable()
+    with _gc_paused():
+        ta, tb = _alternate(run_a, run_b, reps)
     ma, mb = statistics.median(ta), statistics.median(tb)
     return {"what": what, "a": a.name, "b": b.name, "reps": reps, "a_median_s": ma,
             "b_median_s": mb, "ratio": ma / mb, "a_times_s": ta, "b_times_s": tb}
