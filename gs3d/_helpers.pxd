@@ -1057,6 +1057,36 @@ cdef extern from *:
             case 24: gs3d_cl_run(a, 24, XK); break; \
             case 32: gs3d_cl_run(a, 32, XK); break; \
             default: gs3d_cl_run(a, a->C, XK); }
+    /* dst[l * ds + r] = src[r * ss + l] for r < R, l < L: the transposition between channel
+       planes and channels-last rows (NCDHW <-> NDHWC copies, grad_output staged for
+       gs3d_backward_cl_avx2), by 8 x 8 blocks in registers, the edges element by element
+       (plain copies: the values, and their bits, of the scalar loops).  ``pf`` elements past
+       the end of each source row are prefetched (the next call's, when they follow on). */
+    static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                 float* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        const Py_ssize_t r8 = R - R % 8, l8 = L - L % 8;
+        Py_ssize_t r, l, k;
+        __m256 v[8];
+        for (r = 0; r < r8; r += 8) {
+            if (pf > 0)
+                for (k = 0; k < 8; k++)
+                    gs3d_cl_span((const char*)(src + (r + k) * ss + L),
+                                 pf * (Py_ssize_t)sizeof(float));
+            for (l = 0; l < l8; l += 8) {
+                for (k = 0; k < 8; k++)
+                    v[k] = _mm256_loadu_ps(src + (r + k) * ss + l);
+                gs3d_transpose8(v);
+                for (k = 0; k < 8; k++)
+                    _mm256_storeu_ps(dst + (l + k) * ds + r, v[k]);
+            }
+            for (l = l8; l < L; l++)
+                for (k = 0; k < 8; k++)
+                    dst[l * ds + r + k] = src[(r + k) * ss + l];
+        }
+        for (l = 0; l < L; l++)
+            for (r = r8; r < R; r++)
+                dst[l * ds + r] = src[r * ss + l];
+    }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) {
         if (a->xkind == 0) { GS3D_CL_CASES(0) }
         else if (a->xkind == 1) { GS3D_CL_CASES(1) }
@@ -1125,6 +1155,10 @@ cdef extern from *:
         (void)lo; (void)hi;
     }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
+    static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                 float* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)pf;
+    }
     static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) { (void)a; }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -1166,6 +1200,8 @@ cdef extern from *:
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
         int cnt, tile, ahead, xkind, staged
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
+    void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                          float* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
     ctypedef struct gs3d_clf_args:
         const float* x
         float* out

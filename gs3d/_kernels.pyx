@@ -52,7 +52,7 @@ from gs3d._helpers cimport (
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
-    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f,
+    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_transpose_f,
 )
 
 ctypedef fused store_t:
@@ -391,13 +391,20 @@ cdef void transpose_planes(const store_t* x, Geo* g, store_t* xT, Py_ssize_t zlo
                            Py_ssize_t zhi) noexcept nogil:
     """Copy the depth planes [zlo, zhi) of one batch item of the input (``x`` points at its
     first element, strides ``g.xs``) into the contiguous (D, H, W, C) buffer ``xT``, blocked over
-    W so that every cache line of a channel row is read in one go."""
+    W so that every cache line of a channel row is read in one go (float32 rows contiguous
+    along W: gs3d_transpose_f, 8 x 8 blocks in registers)."""
     cdef Py_ssize_t z, y, x0, x1, xx, c, o, d, C = g.C
     cdef Py_ssize_t xs1 = g.xs[1], xs2 = g.xs[2], xs3 = g.xs[3], xs4 = g.xs[4]
     for z in range(zlo, zhi):
         for y in range(g.H):
             o = z * xs1 + y * xs2
             d = (z * g.H + y) * g.W * C
+            if store_t is float:
+                if GS3D_HAVE_SIMD_GATHER and xs3 == 1:
+                    # rows contiguous along W: 8 x 8 blocks in registers, the next row
+                    # prefetched when it follows on in memory
+                    gs3d_transpose_f(&x[o], xs4, C, g.W, &xT[d], C, g.W if xs2 == g.W else 0)
+                    continue
             x0 = 0
             while x0 < g.W:
                 x1 = min(x0 + <Py_ssize_t>XBLOCK, g.W)
@@ -1498,7 +1505,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef gs3d_bwd_args ba
     cdef gs3d_cl_args cl
     cdef bint staged, cl_ok
-    cdef Py_ssize_t extra
+    cdef Py_ssize_t extra, pstep
     if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
@@ -1578,6 +1585,12 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                         for i in range(cnt):
                             if t.vs[i] or (t.own[i] and t.vd[i]):
                                 load_channels(grad, t.ob[i], C, hk, &dots[i * C])
+                    elif store_t is float and flat_points(g.gs, g, &pstep) and pstep == 1:
+                        # the tile's points consecutive in each channel plane (NCDHW): every
+                        # point staged by 8 x 8 transpositions (unflagged ones are never read),
+                        # the next tile's channel rows prefetched
+                        gs3d_transpose_f(&grad[t.ob[0]], gc, C, cnt, dots, C,
+                                         min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt))
                     else:
                         for c in range(C):
                             for i in range(cnt):
@@ -1858,6 +1871,11 @@ cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_s
                 for y in range(g.H):
                     o = z * As[0] + y * As[1]
                     d = n * ds[0] + z * ds[1] + y * ds[2]
+                    if store_t is float and acc_t is float:
+                        if GS3D_HAVE_SIMD_GATHER and ds[3] == 1:
+                            # 8 x 8 blocks in registers (as transpose_planes)
+                            gs3d_transpose_f(&A[o], As[2], g.W, g.C, &dx[d], ds[4], 0)
+                            continue
                     x0 = 0
                     while x0 < g.W:
                         x1 = min(x0 + <Py_ssize_t>XBLOCK, g.W)
