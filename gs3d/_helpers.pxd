@@ -221,35 +221,35 @@ cdef extern from *:
        else bfloat16), eight at a time: the bits of f32_to_f16 / f32_to_bf16 (round to nearest
        even; a NaN becomes, in float16, the quiet NaN of its sign, in bfloat16 its top half
        made quiet).  The caller rounds any remainder with those. */
+    GS3D_ALWAYS_INLINE void gs3d_store8_h(__m256 v, uint16_t* __restrict d, int bf) {
+        const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
+        int k, nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        uint32_t u[8];
+        if (bf) {
+            __m256i w = _mm256_castps_si256(v);
+            w = _mm256_add_epi32(w, _mm256_add_epi32(bias, _mm256_and_si256(
+                _mm256_srli_epi32(w, 16), one)));
+            w = _mm256_srli_epi32(w, 16);
+            /* pack the low 16 bits of the eight lanes, in order */
+            w = _mm256_packus_epi32(w, w);
+            w = _mm256_permute4x64_epi64(w, 0x08);
+            _mm_storeu_si128((__m128i*)d, _mm256_castsi256_si128(w));
+        } else {
+            _mm_storeu_si128((__m128i*)d, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+        }
+        if (nan) {
+            _mm256_storeu_si256((__m256i*)u, _mm256_castps_si256(v));
+            for (k = 0; k < 8; k++, nan >>= 1)
+                if (nan & 1)
+                    d[k] = bf ? (uint16_t)((u[k] >> 16) | 0x40)
+                              : (uint16_t)(0x7e00 | ((u[k] >> 16) & 0x8000));
+        }
+    }
     static inline void gs3d_store_h(const float* __restrict a, uint16_t* __restrict d,
                                     Py_ssize_t n, int bf) {
-        Py_ssize_t i = 0;
-        int k, nan;
-        uint32_t u;
-        const __m256i one = _mm256_set1_epi32(1), bias = _mm256_set1_epi32(0x7fff);
-        for (; i + 8 <= n; i += 8) {
-            __m256 v = _mm256_loadu_ps(a + i);
-            nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-            if (bf) {
-                __m256i w = _mm256_castps_si256(v);
-                w = _mm256_add_epi32(w, _mm256_add_epi32(bias, _mm256_and_si256(
-                    _mm256_srli_epi32(w, 16), one)));
-                w = _mm256_srli_epi32(w, 16);
-                /* pack the low 16 bits of the eight lanes, in order */
-                w = _mm256_packus_epi32(w, w);
-                w = _mm256_permute4x64_epi64(w, 0x08);
-                _mm_storeu_si128((__m128i*)(d + i), _mm256_castsi256_si128(w));
-            } else {
-                _mm_storeu_si128((__m128i*)(d + i), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
-            }
-            for (k = 0; nan && k < 8; k++, nan >>= 1) {
-                if (nan & 1) {
-                    memcpy(&u, a + i + k, 4);
-                    d[i + k] = bf ? (uint16_t)((u >> 16) | 0x40)
-                                  : (uint16_t)(0x7e00 | ((u >> 16) & 0x8000));
-                }
-            }
-        }
+        Py_ssize_t i;
+        for (i = 0; i + 8 <= n; i += 8)
+            gs3d_store8_h(_mm256_loadu_ps(a + i), d + i, bf);
     }
     #else
     static inline void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) {
@@ -932,6 +932,17 @@ cdef extern from *:
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
             _mm_loadu_si128((const __m128i*)(xh + off))), 16));
     }
+    /* one input value as float32 (exact), as gs3d_cl_ld8 */
+    GS3D_ALWAYS_INLINE float gs3d_cl_ld1(const float* x, const uint16_t* xh, Py_ssize_t off,
+                                         const int xk) {
+        uint32_t u;
+        float f;
+        if (xk == 0) return x[off];
+        if (xk == 1) return _cvtsh_ss(xh[off]);
+        u = (uint32_t)xh[off] << 16;
+        memcpy(&f, &u, 4);
+        return f;
+    }
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const gs3d_cl_args* a, const float* go, Py_ssize_t off,
                                           Py_ssize_t C, const int xk) {
         __m256 s = _mm256_setzero_ps();
@@ -1059,25 +1070,79 @@ cdef extern from *:
             default: gs3d_cl_run(a, a->C, XK); }
     /* dst[l * ds + r] = src[r * ss + l] for r < R, l < L: the transposition between channel
        planes and channels-last rows (NCDHW <-> NDHWC copies, grad_output staged for
-       gs3d_backward_cl_avx2), by 8 x 8 blocks in registers, the edges element by element
-       (plain copies: the values, and their bits, of the scalar loops).  ``pf`` elements past
+       gs3d_backward_cl_avx2), by 8 x 8 blocks in registers, the edges element by element.
+       The source is float32 (xk 0), float16 (1) or bfloat16 (2) converted to float32 (exact,
+       as gs3d_cl_ld8): the values, and their bits, of the scalar loops.  ``pf`` elements past
        the end of each source row are prefetched (the next call's, when they follow on). */
-    static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
-                                 float* dst, Py_ssize_t ds, Py_ssize_t pf) {
-        const Py_ssize_t r8 = R - R % 8, l8 = L - L % 8;
+    GS3D_ALWAYS_INLINE void gs3d_transpose_body(const float* src, const uint16_t* srch,
+                                                const int xk, Py_ssize_t ss, Py_ssize_t R,
+                                                Py_ssize_t L, float* dst, Py_ssize_t ds,
+                                                Py_ssize_t pf) {
+        const Py_ssize_t r8 = R - R % 8, l8 = L - L % 8, isz = xk ? 2 : 4;
         Py_ssize_t r, l, k;
         __m256 v[8];
         for (r = 0; r < r8; r += 8) {
             if (pf > 0)
                 for (k = 0; k < 8; k++)
-                    gs3d_cl_span((const char*)(src + (r + k) * ss + L),
-                                 pf * (Py_ssize_t)sizeof(float));
+                    gs3d_cl_span(xk ? (const char*)(srch + (r + k) * ss + L)
+                                    : (const char*)(src + (r + k) * ss + L), pf * isz);
             for (l = 0; l < l8; l += 8) {
                 for (k = 0; k < 8; k++)
-                    v[k] = _mm256_loadu_ps(src + (r + k) * ss + l);
+                    v[k] = gs3d_cl_ld8(src, srch, (r + k) * ss + l, xk);
                 gs3d_transpose8(v);
                 for (k = 0; k < 8; k++)
                     _mm256_storeu_ps(dst + (l + k) * ds + r, v[k]);
+            }
+            for (l = l8; l < L; l++)
+                for (k = 0; k < 8; k++)
+                    dst[l * ds + r + k] = gs3d_cl_ld1(src, srch, (r + k) * ss + l, xk);
+        }
+        for (l = 0; l < L; l++)
+            for (r = r8; r < R; r++)
+                dst[l * ds + r] = gs3d_cl_ld1(src, srch, r * ss + l, xk);
+    }
+    static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                 float* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        gs3d_transpose_body(src, NULL, 0, ss, R, L, dst, ds, pf);
+    }
+    static void gs3d_transpose_hf(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R,
+                                  Py_ssize_t L, float* dst, Py_ssize_t ds, Py_ssize_t pf, int bf) {
+        if (bf)
+            gs3d_transpose_body(NULL, src, 2, ss, R, L, dst, ds, pf);
+        else
+            gs3d_transpose_body(NULL, src, 1, ss, R, L, dst, ds, pf);
+    }
+    /* the same transposition of 16-bit values, copied as they are (8 x 8 blocks of 16-bit
+       lanes) */
+    static void gs3d_transpose_u16(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R,
+                                   Py_ssize_t L, uint16_t* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        const Py_ssize_t r8 = R - R % 8, l8 = L - L % 8;
+        Py_ssize_t r, l, k;
+        __m128i a[8], t[8];
+        for (r = 0; r < r8; r += 8) {
+            if (pf > 0)
+                for (k = 0; k < 8; k++)
+                    gs3d_cl_span((const char*)(src + (r + k) * ss + L), pf * 2);
+            for (l = 0; l < l8; l += 8) {
+                for (k = 0; k < 8; k++)
+                    a[k] = _mm_loadu_si128((const __m128i*)(src + (r + k) * ss + l));
+                for (k = 0; k < 8; k += 2) {
+                    t[k] = _mm_unpacklo_epi16(a[k], a[k + 1]);      /* columns 0-3 */
+                    t[k + 1] = _mm_unpackhi_epi16(a[k], a[k + 1]);  /* columns 4-7 */
+                }
+                for (k = 0; k < 8; k += 4) {
+                    a[k] = _mm_unpacklo_epi32(t[k], t[k + 2]);      /* columns 0, 1 */
+                    a[k + 1] = _mm_unpackhi_epi32(t[k], t[k + 2]);  /* 2, 3 */
+                    a[k + 2] = _mm_unpacklo_epi32(t[k + 1], t[k + 3]);  /* 4, 5 */
+                    a[k + 3] = _mm_unpackhi_epi32(t[k + 1], t[k + 3]);  /* 6, 7 */
+                }
+                /* a[k] (k < 4): columns 2k, 2k + 1 of rows r..r+3; a[k + 4] of rows r+4..r+7 */
+                for (k = 0; k < 4; k++) {
+                    _mm_storeu_si128((__m128i*)(dst + (l + 2 * k) * ds + r),
+                                     _mm_unpacklo_epi64(a[k], a[k + 4]));
+                    _mm_storeu_si128((__m128i*)(dst + (l + 2 * k + 1) * ds + r),
+                                     _mm_unpackhi_epi64(a[k], a[k + 4]));
+                }
             }
             for (l = l8; l < L; l++)
                 for (k = 0; k < 8; k++)
@@ -1086,6 +1151,34 @@ cdef extern from *:
         for (l = 0; l < L; l++)
             for (r = r8; r < R; r++)
                 dst[l * ds + r] = src[r * ss + l];
+    }
+    /* dst[l * ds + r] = src[r * ss + l] rounded to 16-bit storage (float16, or bfloat16 when
+       bf): eight values of dst at a time by gs3d_store8_h (the bits of store_planes' scalar
+       rounding), the partial blocks of the edges through a padded block */
+    static void gs3d_transpose_fh(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                  uint16_t* dst, Py_ssize_t ds, int bf) {
+        const Py_ssize_t l8 = L - L % 8;
+        Py_ssize_t r, l, k, n;
+        __m256 v[8];
+        float e[8];
+        uint16_t h[8];
+        for (r = 0; r < R; r += 8) {
+            n = R - r < 8 ? R - r : 8;
+            for (l = 0; n == 8 && l < l8; l += 8) {
+                for (k = 0; k < 8; k++)
+                    v[k] = _mm256_loadu_ps(src + (r + k) * ss + l);
+                gs3d_transpose8(v);
+                for (k = 0; k < 8; k++)
+                    gs3d_store8_h(v[k], dst + (l + k) * ds + r, bf);
+            }
+            for (l = n == 8 ? l8 : 0; l < L; l++) {
+                for (k = 0; k < 8; k++)
+                    e[k] = k < n ? src[(r + k) * ss + l] : 0.0f;
+                gs3d_store8_h(_mm256_loadu_ps(e), h, bf);
+                for (k = 0; k < n; k++)
+                    dst[l * ds + r + k] = h[k];
+            }
+        }
     }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) {
         if (a->xkind == 0) { GS3D_CL_CASES(0) }
@@ -1159,6 +1252,18 @@ cdef extern from *:
                                  float* dst, Py_ssize_t ds, Py_ssize_t pf) {
         (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)pf;
     }
+    static void gs3d_transpose_hf(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R,
+                                  Py_ssize_t L, float* dst, Py_ssize_t ds, Py_ssize_t pf, int bf) {
+        (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)pf; (void)bf;
+    }
+    static void gs3d_transpose_u16(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R,
+                                   Py_ssize_t L, uint16_t* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)pf;
+    }
+    static void gs3d_transpose_fh(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                  uint16_t* dst, Py_ssize_t ds, int bf) {
+        (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)bf;
+    }
     static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) { (void)a; }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -1202,6 +1307,12 @@ cdef extern from *:
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
     void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                           float* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
+    void gs3d_transpose_hf(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                           float* dst, Py_ssize_t ds, Py_ssize_t pf, int bf) noexcept nogil
+    void gs3d_transpose_u16(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                            uint16_t* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
+    void gs3d_transpose_fh(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                           uint16_t* dst, Py_ssize_t ds, int bf) noexcept nogil
     ctypedef struct gs3d_clf_args:
         const float* x
         float* out

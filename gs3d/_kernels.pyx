@@ -53,6 +53,7 @@ from gs3d._helpers cimport (
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_transpose_f,
+    gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
 )
 
 ctypedef fused store_t:
@@ -399,11 +400,14 @@ cdef void transpose_planes(const store_t* x, Geo* g, store_t* xT, Py_ssize_t zlo
         for y in range(g.H):
             o = z * xs1 + y * xs2
             d = (z * g.H + y) * g.W * C
-            if store_t is float:
-                if GS3D_HAVE_SIMD_GATHER and xs3 == 1:
-                    # rows contiguous along W: 8 x 8 blocks in registers, the next row
-                    # prefetched when it follows on in memory
+            if GS3D_HAVE_SIMD_GATHER and xs3 == 1:
+                # rows contiguous along W: 8 x 8 blocks in registers, the next row prefetched
+                # when it follows on in memory
+                if store_t is float:
                     gs3d_transpose_f(&x[o], xs4, C, g.W, &xT[d], C, g.W if xs2 == g.W else 0)
+                    continue
+                elif store_t is not double:
+                    gs3d_transpose_u16(&x[o], xs4, C, g.W, &xT[d], C, g.W if xs2 == g.W else 0)
                     continue
             x0 = 0
             while x0 < g.W:
@@ -1505,7 +1509,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef gs3d_bwd_args ba
     cdef gs3d_cl_args cl
     cdef bint staged, cl_ok
-    cdef Py_ssize_t extra, pstep
+    cdef Py_ssize_t extra, pstep, nxt
     if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
@@ -1585,12 +1589,16 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                         for i in range(cnt):
                             if t.vs[i] or (t.own[i] and t.vd[i]):
                                 load_channels(grad, t.ob[i], C, hk, &dots[i * C])
-                    elif store_t is float and flat_points(g.gs, g, &pstep) and pstep == 1:
+                    elif store_t is not double and flat_points(g.gs, g, &pstep) and pstep == 1:
                         # the tile's points consecutive in each channel plane (NCDHW): every
                         # point staged by 8 x 8 transpositions (unflagged ones are never read),
                         # the next tile's channel rows prefetched
-                        gs3d_transpose_f(&grad[t.ob[0]], gc, C, cnt, dots, C,
-                                         min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt))
+                        nxt = min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt)
+                        if store_t is float:
+                            gs3d_transpose_f(&grad[t.ob[0]], gc, C, cnt, dots, C, nxt)
+                        else:
+                            gs3d_transpose_hf(&grad[t.ob[0]], gc, C, cnt, dots, C, nxt,
+                                              hk == HALF_BF16)
                     else:
                         for c in range(C):
                             for i in range(cnt):
@@ -1871,10 +1879,15 @@ cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_s
                 for y in range(g.H):
                     o = z * As[0] + y * As[1]
                     d = n * ds[0] + z * ds[1] + y * ds[2]
-                    if store_t is float and acc_t is float:
-                        if GS3D_HAVE_SIMD_GATHER and ds[3] == 1:
-                            # 8 x 8 blocks in registers (as transpose_planes)
+                    if acc_t is float and GS3D_HAVE_SIMD_GATHER and ds[3] == 1:
+                        # 8 x 8 blocks in registers (as transpose_planes), 16-bit storage
+                        # rounded eight values at a time
+                        if store_t is float:
                             gs3d_transpose_f(&A[o], As[2], g.W, g.C, &dx[d], ds[4], 0)
+                            continue
+                        elif store_t is not double:
+                            gs3d_transpose_fh(&A[o], As[2], g.W, g.C, &dx[d], ds[4],
+                                              hk == HALF_BF16)
                             continue
                     x0 = 0
                     while x0 < g.W:

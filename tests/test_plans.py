@@ -398,6 +398,48 @@ def test_simd_variants_agree_bitwise(layout, dtype, C, N, threads):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_rounding_of_nan_and_inf_gradients_agrees_across_builds(layout, dtype):
+    """16-bit input_grad is rounded eight values at a time in the SIMD builds (gs3d_store8_h:
+    contiguous runs, and the transposition of the channels-last accumulator into NCDHW) and
+    one by one in the baseline: with NaN (payloads of either sign) and infinities in
+    grad_output, every value that is not NaN must round to the same bits, and every NaN be
+    written in the same places as the quiet NaN of SPEC's rounding (float16: 0x7E00 with its
+    sign; bfloat16: its top half with the quiet bit).  Which of two different NaN payloads a
+    sum carries on is not specified (IEEE 754, and compilers may swap the operands of an
+    addition), so NaN payloads and signs are not compared."""
+    rng = np.random.default_rng(21)
+    dt = np_dtype(dtype)
+    C, S = 16, 9                              # channels-last copies; W = 9: a partial block
+    x = rng.standard_normal((1, C, S, S, S)).astype(dt)
+    g = rng.standard_normal((1, C, 6, 7, 5)).astype(dt)
+    q = rng.uniform(-1.1, 1.1, (1, 6, 7, 5, 3)).astype(dt)
+    gb = g.view(np.uint16).reshape(-1)
+    pick = rng.choice(gb.size, 40, replace=False)
+    # NaN with payloads (signalling ones included), of either sign, and infinities
+    pats = ([0x7C01, 0xFC13, 0x7E55, 0xFD00, 0x7C00, 0xFC00] if dtype == "float16"
+            else [0x7F81, 0xFF93, 0x7FD5, 0xFFA0, 0x7F80, 0xFF80])
+    gb[pick] = np.resize(np.array(pats, dtype=np.uint16), pick.size)
+    if layout == "NDHWC":
+        x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
+    results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
+                                                                 num_threads=1))
+               for m in _kernel_modules()]
+    dx0 = results[0][0].astype(np.float32)
+    assert np.isnan(dx0).any() and np.isinf(dx0).any()
+    for got in results:
+        for a, b in zip(results[0], got):
+            nan = np.isnan(a.astype(np.float32))
+            assert np.array_equal(nan, np.isnan(b.astype(np.float32)))
+            assert np.array_equal(a.view(np.uint16)[~nan], b.view(np.uint16)[~nan])
+            bits = b.view(np.uint16)[nan]
+            if dtype == "float16":
+                assert np.all(bits & 0x7FFF == 0x7E00)
+            else:
+                assert np.all(bits & 0x7FC0 == 0x7FC0)
+
+
 def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
     """The AVX2 build converts float16 with F16C, the baseline with portable bit routines:
     all 65536 patterns must load alike, and sums of two of them must round alike (and as numpy
