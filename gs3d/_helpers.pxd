@@ -276,6 +276,18 @@ cdef extern from *:
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi;
         int align, border, do_dx, do_dg, own_all;
     } gs3d_bwd_args;
+    /* arguments of gs3d_setup_tile_f: cnt float32 points at q, q + qp, ... (coordinate stride
+       qc), the input's sizes and strides sx, sy, sz from offset xo (the batch item's), the
+       accumulator's ax, ay, az, the depth slab [zlo, zhi) (all_planes: every plane) and
+       setup_tile's options; out: setup_tile's arrays of a Tile of ``tile`` points */
+    typedef struct {
+        const float* q;
+        Py_ssize_t qp, qc, W, H, D, xo, sx, sy, sz, ax, ay, az, zlo, zhi;
+        int align, border, all_planes, do_dx, do_dg, own_all, cnt, tile;
+        Py_ssize_t *xb, *ab;
+        unsigned char *vd, *vs, *own;
+        double *okv, *f, *w, *mult;
+    } gs3d_setup_args;
     /* arguments of gs3d_backward_cl_avx2 (below) */
     typedef struct {
         const float* x; float* A; const float* go; float* dq;
@@ -656,6 +668,74 @@ cdef extern from *:
                         for (l = 0; l < k; l++)
                             out[(p + l) * op + c * oc] = r[l];
                     }
+                }
+            }
+        }
+    }
+    /* setup_tile for float32 points at a fixed step under bilinear zeros/border padding, eight
+       points at a time through gs3d_map8 (the mapping, masks and weights of the gather
+       kernels, which give setup_tile's bits): the weights wx * (wy * wz) and the per-axis
+       (1 - frac, frac) in float, stored as doubles as setup_tile keeps them; the corner masks;
+       the multipliers, zero for a point that samples nothing (setup_tile's okv); the key plane
+       of ownership from the depth axis alone (key_of).  An axis that samples nothing has
+       corner-0 index -2 here (0 in setup_tile): no corner of such a point is flagged, so its
+       offsets are never used.  The weight arrays are written eight lanes at a time (a tile
+       row holds a multiple of eight): lanes past cnt are never read. */
+    GS3D_ALWAYS_INLINE void gs3d_store8_pd(double* d, __m256 v) {
+        _mm256_storeu_pd(d, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        _mm256_storeu_pd(d + 4, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    }
+    static void gs3d_setup_tile_f(const gs3d_setup_args* a) {
+        const Py_ssize_t T = a->tile;
+        __m256i idx[3], m[6], ok[3], vdv, okall;
+        __m256 w[6], mult[3];
+        int ix[8], iy[8], iz[8], vdb[8], oka[8], okz[8], j, l, k;
+        Py_ssize_t p, key, z0;
+        unsigned char v, slab;
+        for (p = 0; p < a->cnt; p += 8) {
+            k = a->cnt - p < 8 ? (int)(a->cnt - p) : 8;
+            gs3d_map8(a->q + p * a->qp, a->qp, a->qc, k, a->W, a->H, a->D, a->align, a->border,
+                      idx, m, w, ok, mult);
+            vdv = _mm256_setzero_si256();
+            for (j = 0; j < 8; j++) {
+                const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
+                const __m256i mj = _mm256_and_si256(_mm256_and_si256(m[jx], m[2 + jy]),
+                                                    m[4 + jz]);
+                vdv = _mm256_or_si256(vdv, _mm256_and_si256(mj, _mm256_set1_epi32(1 << j)));
+                gs3d_store8_pd(a->w + j * T + p,
+                               _mm256_mul_ps(w[jx], _mm256_mul_ps(w[2 + jy], w[4 + jz])));
+            }
+            for (j = 0; j < 6; j++)
+                gs3d_store8_pd(a->f + j * T + p, w[j]);
+            okall = _mm256_and_si256(_mm256_and_si256(ok[0], ok[1]), ok[2]);
+            for (j = 0; j < 3; j++)
+                gs3d_store8_pd(a->mult + j * T + p,
+                               _mm256_and_ps(mult[j], _mm256_castsi256_ps(okall)));
+            _mm256_storeu_si256((__m256i*)ix, idx[0]);
+            _mm256_storeu_si256((__m256i*)iy, idx[1]);
+            _mm256_storeu_si256((__m256i*)iz, idx[2]);
+            _mm256_storeu_si256((__m256i*)vdb, vdv);
+            _mm256_storeu_si256((__m256i*)oka, okall);
+            _mm256_storeu_si256((__m256i*)okz, ok[2]);
+            for (l = 0; l < k; l++) {
+                const Py_ssize_t i = p + l;
+                z0 = iz[l];
+                a->xb[i] = a->xo + z0 * a->sz + (Py_ssize_t)iy[l] * a->sy
+                           + (Py_ssize_t)ix[l] * a->sx;
+                a->ab[i] = z0 * a->az + (Py_ssize_t)iy[l] * a->ay + (Py_ssize_t)ix[l] * a->ax;
+                a->okv[i] = oka[l] ? 1.0 : 0.0;
+                v = (unsigned char)vdb[l];
+                slab = v;
+                if (!a->all_planes)
+                    slab = v & ((a->zlo <= z0 && z0 < a->zhi ? 0x0F : 0)
+                                | (a->zlo <= z0 + 1 && z0 + 1 < a->zhi ? 0xF0 : 0));
+                a->vd[i] = v;
+                a->vs[i] = a->do_dx ? slab : 0;
+                if (!a->do_dg || a->own_all) {
+                    a->own[i] = a->do_dg ? 1 : 0;
+                } else {
+                    key = okz[l] ? (z0 < 0 ? 0 : (z0 > a->D - 1 ? a->D - 1 : z0)) : 0;
+                    a->own[i] = a->zlo <= key && key < a->zhi;
                 }
             }
         }
@@ -1238,6 +1318,7 @@ cdef extern from *:
         (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
         (void)border; (void)prefetch;
     }
+    static void gs3d_setup_tile_f(const gs3d_setup_args* a) { (void)a; }
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         (void)a; (void)cnt;
     }
@@ -1280,6 +1361,20 @@ cdef extern from *:
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
         int align, border, do_dx, do_dg, own_all
     void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) noexcept nogil
+    ctypedef struct gs3d_setup_args:
+        const float* q
+        Py_ssize_t qp, qc, W, H, D, xo, sx, sy, sz, ax, ay, az, zlo, zhi
+        int align, border, all_planes, do_dx, do_dg, own_all, cnt, tile
+        Py_ssize_t* xb
+        Py_ssize_t* ab
+        unsigned char* vd
+        unsigned char* vs
+        unsigned char* own
+        double* okv
+        double* f
+        double* w
+        double* mult
+    void gs3d_setup_tile_f(const gs3d_setup_args* a) noexcept nogil
     void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc, Py_ssize_t cnt,
                             Py_ssize_t D, int align, int border, Py_ssize_t* lo,
                             Py_ssize_t* hi) noexcept nogil

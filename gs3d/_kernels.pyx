@@ -50,7 +50,7 @@ from gs3d._helpers cimport (
     MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
-    gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
+    gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_transpose_f,
     gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
@@ -704,7 +704,9 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     eight corner weights as loops over the whole tile.  Weights are computed in the compute
     type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
     exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
-    through (at most prefetched, which cannot fault).
+    through (at most prefetched, which cannot fault).  float32 points at a fixed step under
+    zeros/border padding take gs3d_setup_tile_f (eight points at a time, the same arrays and
+    bits) in the SIMD builds.
     """
     cdef Py_ssize_t key, x0, y0, z0
     cdef int i, j
@@ -714,16 +716,32 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     cdef double* fa
     cdef double* fb
     cdef double* mu
+    cdef gs3d_setup_args sa
     for j in range(8):
         # corner j = 4 cz + 2 cy + cx: tnw, tne, tsw, tse, bnw, bne, bsw, bse
         t.xd[j] = (j >> 2) * g.xs[1] + ((j >> 1) & 1) * g.xs[2] + (j & 1) * g.xs[3]
         t.ad[j] = (j >> 2) * As[0] + ((j >> 1) & 1) * As[1] + (j & 1) * As[2]
     row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
     row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
+    all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
+    if store_t is float:
+        if (GS3D_HAVE_SIMD_GATHER and g.padding != PAD_REFLECTION
+                and flat_points(g.qs, g, &sa.qp)):
+            # eight points at a time in C (gs3d_setup_tile_f), the same arrays and bits
+            tile_points(q, g, n, p0, cnt, False, t)
+            sa.q = &q[n * g.qs[0] + p0 * sa.qp]
+            sa.qc, sa.W, sa.H, sa.D = g.qs[4], g.W, g.H, g.D
+            sa.xo, sa.sx, sa.sy, sa.sz = n * g.xs[0], g.xs[3], g.xs[2], g.xs[1]
+            sa.ax, sa.ay, sa.az, sa.zlo, sa.zhi = As[2], As[1], As[0], zlo, zhi
+            sa.align, sa.border, sa.all_planes = g.align, g.padding == PAD_BORDER, all_planes
+            sa.do_dx, sa.do_dg, sa.own_all, sa.cnt, sa.tile = do_dx, do_dg, own_all, cnt, TILE
+            sa.xb, sa.ab, sa.vd, sa.vs, sa.own = t.xb, t.ab, t.vd, t.vs, t.own
+            sa.okv, sa.f, sa.w, sa.mult = t.okv, t.f, t.w, t.mult
+            gs3d_setup_tile_f(&sa)
+            return
     tile_points(q, g, n, p0, cnt, True, t)
     # combine the axes: offsets and corner masks point by point (integer work), then weights,
     # factors and corner weights in vectorisable passes over the tile
-    all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
     for i in range(cnt):
         fx, fy, fz = t.fl[i], t.fl[TILE + i], t.fl[2 * TILE + i]
         valid = fx & fy & fz & AX_OK
