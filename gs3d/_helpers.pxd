@@ -266,7 +266,8 @@ cdef extern from *:
        maps it, weights rounded to float, wx * (wy * wz) per corner, corners summed from +0 in
        the order tnw .. bse with out-of-bounds corners skipped (a blend, never a read).  A point
        that samples nothing gets corner-0 index -2 on that axis, so no corner is in bounds.
-       Offsets are int32: the caller checks that indices in [-2, size + 1] keep them in range. */
+       Offsets are int32: the caller checks that indices in [-2, size + 1] keep them in range
+       (so do the callers of gs3d_map8 elsewhere: its indices are int32). */
     /* arguments of gs3d_backward_gather_avx2: the input x, the accumulator A (batch item
        applied, strides ax, ay, az, ac), grid q, grad_output go and grid_grad dq (points at
        steps qp, gp, dp; coordinate / channel strides qc, gc, dc), the input's strides and
@@ -1153,7 +1154,8 @@ cdef extern from *:
        gs3d_backward_cl_avx2), by 8 x 8 blocks in registers, the edges element by element.
        The source is float32 (xk 0), float16 (1) or bfloat16 (2) converted to float32 (exact,
        as gs3d_cl_ld8): the values, and their bits, of the scalar loops.  ``pf`` elements past
-       the end of each source row are prefetched (the next call's, when they follow on). */
+       the end of each source row in a block of eight rows are prefetched (the next call's,
+       when they follow on; a last R % 8 rows are not). */
     GS3D_ALWAYS_INLINE void gs3d_transpose_body(const float* src, const uint16_t* srch,
                                                 const int xk, Py_ssize_t ss, Py_ssize_t R,
                                                 Py_ssize_t L, float* dst, Py_ssize_t ds,

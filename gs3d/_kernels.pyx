@@ -84,6 +84,7 @@ cdef struct Geo:
 
 cdef enum:
     TILE = 64        # points per tile
+    SETUP8_MAX_SIZE = 2147483646    # largest axis of gs3d_setup_tile_f's int32 indices
     AHEAD = 8        # prefetch the corners of the point this many ahead
     XBLOCK = 16      # voxels along W per block of the channels-last transpositions
     STAGE = 64 * TILE    # values of compute type in a thread's scratch beyond its C
@@ -392,8 +393,8 @@ cdef void transpose_planes(const store_t* x, Geo* g, store_t* xT, Py_ssize_t zlo
                            Py_ssize_t zhi) noexcept nogil:
     """Copy the depth planes [zlo, zhi) of one batch item of the input (``x`` points at its
     first element, strides ``g.xs``) into the contiguous (D, H, W, C) buffer ``xT``, blocked over
-    W so that every cache line of a channel row is read in one go (float32 rows contiguous
-    along W: gs3d_transpose_f, 8 x 8 blocks in registers)."""
+    W so that every cache line of a channel row is read in one go (float32 and 16-bit rows
+    contiguous along W: gs3d_transpose_f / gs3d_transpose_u16, 8 x 8 blocks in registers)."""
     cdef Py_ssize_t z, y, x0, x1, xx, c, o, d, C = g.C
     cdef Py_ssize_t xs1 = g.xs[1], xs2 = g.xs[2], xs3 = g.xs[3], xs4 = g.xs[4]
     for z in range(zlo, zhi):
@@ -724,10 +725,12 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
     row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
     all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
-    if store_t is float:
+    if store_t is float and acc_t is float:
         if (GS3D_HAVE_SIMD_GATHER and g.padding != PAD_REFLECTION
+                and max(g.W, max(g.H, g.D)) <= <Py_ssize_t>SETUP8_MAX_SIZE
                 and flat_points(g.qs, g, &sa.qp)):
-            # eight points at a time in C (gs3d_setup_tile_f), the same arrays and bits
+            # eight points at a time in C (gs3d_setup_tile_f), the same arrays and bits; its
+            # corner indices are int32 (every index in [-2, size + 1] must fit)
             tile_points(q, g, n, p0, cnt, False, t)
             sa.q = &q[n * g.qs[0] + p0 * sa.qp]
             sa.qc, sa.W, sa.H, sa.D = g.qs[4], g.W, g.H, g.D

@@ -440,6 +440,30 @@ def test_half_rounding_of_nan_and_inf_gradients_agrees_across_builds(layout, dty
                 assert np.all(bits & 0x7FC0 == 0x7FC0)
 
 
+@pytest.mark.parametrize("W", [2**31 - 2, 2**31, 3 * 2**30])
+def test_axes_beyond_int32_indices_agree_across_builds(W):
+    """The SIMD builds' eight-point set-up indexes corners in int32; an axis of 2^31 voxels or
+    more must take the scalar set-up (a broadcast input: no memory).  Sampling a volume of
+    ones (one voxel deep and high) at interior points of its width gives exactly 1 in every
+    build; the grid gradient is 0 along x, and -0.5 along y and z, where moving off the voxel
+    centre moves weight into the zero padding (-1 x size / 2)."""
+    x = np.broadcast_to(np.float32(1), (1, 1, 1, 1, W))
+    q = np.zeros((1, 1, 1, 4, 3), np.float32)
+    q[..., 0] = [-0.5, 0.0, 0.25, 0.9]
+    g = np.ones((1, 1, 1, 1, 4), np.float32)
+
+    def run():
+        out = gs3d.grid_sample_3d(x, q, num_threads=1)
+        _, dq = gs3d.grid_sample_3d_backward(g, x, q, output_mask=(False, True), num_threads=1)
+        return out, dq
+
+    want = np.zeros(q.shape, np.float32)
+    want[..., 1:] = -0.5
+    for out, dq in (_run_with(m, run) for m in _kernel_modules()):
+        assert np.array_equal(out, np.ones_like(out))
+        assert np.array_equal(dq.view(np.uint32), want.view(np.uint32))
+
+
 def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
     """The AVX2 build converts float16 with F16C, the baseline with portable bit routines:
     all 65536 patterns must load alike, and sums of two of them must round alike (and as numpy
