@@ -196,6 +196,15 @@ cdef extern from *:
        (GS3D_HAVE_HALF_SIMD), like gs3d_store_h below. */
     #if defined(__AVX2__) && defined(__F16C__)
     #define GS3D_HAVE_HALF_SIMD 1
+    /* one 16-bit value (float16 when bf is 0, else bfloat16) as float32, exactly */
+    static inline float gs3d_h_to_f32(uint16_t h, int bf) {
+        uint32_t u = (uint32_t)h << 16;
+        float v;
+        if (!bf)
+            return _cvtsh_ss(h);
+        memcpy(&v, &u, 4);
+        return v;
+    }
     static inline float gs3d_dot_h(const float* __restrict go, const uint16_t* __restrict x,
                                    Py_ssize_t C, int bf) {
         __m256 acc = _mm256_setzero_ps(), xv;
@@ -209,12 +218,8 @@ cdef extern from *:
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(go + c), xv));
         }
         _mm256_storeu_ps(s, acc);
-        for (; c < C; c++) {
-            uint32_t u = (uint32_t)x[c] << 16;
-            float v;
-            if (bf) memcpy(&v, &u, 4); else v = _cvtsh_ss(x[c]);
-            s[0] = s[0] + go[c] * v;
-        }
+        for (; c < C; c++)
+            s[0] = s[0] + go[c] * gs3d_h_to_f32(x[c], bf);
         return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
     }
     /* n float32 values (a multiple of 8) rounded into 16-bit storage (float16 when bf is 0,
@@ -500,6 +505,15 @@ cdef extern from *:
     /* one block of eight points after mapping: int32 offset of corner 0, the in-bounds masks
        of corners 0 and 1 per axis and the weights (1 - frac, frac) per axis */
     typedef struct { __m256i base, m[6]; __m256 w[6]; } gs3d_block8;
+    /* corner j = 4 cz + 2 cy + cx of eight mapped points, from the per-axis in-bounds masks
+       m[2 axis + c] and weights w[2 axis + c] (gs3d_map8): in bounds along all three axes, and
+       its weight wx * (wy * wz) (setup_tile's association) */
+    GS3D_ALWAYS_INLINE __m256i gs3d_corner_mask8(const __m256i* m, int j) {
+        return _mm256_and_si256(_mm256_and_si256(m[j & 1], m[2 + ((j >> 1) & 1)]), m[4 + (j >> 2)]);
+    }
+    GS3D_ALWAYS_INLINE __m256 gs3d_corner_weight8(const __m256* w, int j) {
+        return _mm256_mul_ps(w[j & 1], _mm256_mul_ps(w[2 + ((j >> 1) & 1)], w[4 + (j >> 2)]));
+    }
     /* Prefetch the four x-rows of corners (y, z) .. (y + 1, z + 1) of the lanes of ``lanes``
        (bits) whose first corner sits ``off`` floats from ``v``: hints only, an address outside
        the volume cannot fault. */
@@ -608,8 +622,8 @@ cdef extern from *:
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
                 for (j = 0; j < 8; j++) {
                     const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
-                    mj[j] = _mm256_and_si256(_mm256_and_si256(B->m[jx], B->m[2 + jy]), B->m[4 + jz]);
-                    wj[j] = _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz]));
+                    mj[j] = gs3d_corner_mask8(B->m, j);
+                    wj[j] = gs3d_corner_weight8(B->w, j);
                     oj[j] = _mm256_add_epi32(B->base, _mm256_set1_epi32((int)(jz * sz + jy * sy + jx * sx)));
                 }
                 if (rows) {
@@ -699,12 +713,9 @@ cdef extern from *:
                       idx, m, w, ok, mult);
             vdv = _mm256_setzero_si256();
             for (j = 0; j < 8; j++) {
-                const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
-                const __m256i mj = _mm256_and_si256(_mm256_and_si256(m[jx], m[2 + jy]),
-                                                    m[4 + jz]);
-                vdv = _mm256_or_si256(vdv, _mm256_and_si256(mj, _mm256_set1_epi32(1 << j)));
-                gs3d_store8_pd(a->w + j * T + p,
-                               _mm256_mul_ps(w[jx], _mm256_mul_ps(w[2 + jy], w[4 + jz])));
+                vdv = _mm256_or_si256(vdv, _mm256_and_si256(gs3d_corner_mask8(m, j),
+                                                             _mm256_set1_epi32(1 << j)));
+                gs3d_store8_pd(a->w + j * T + p, gs3d_corner_weight8(w, j));
             }
             for (j = 0; j < 6; j++)
                 gs3d_store8_pd(a->f + j * T + p, w[j]);
@@ -884,8 +895,7 @@ cdef extern from *:
                 }
                 mall = _mm256_set1_epi32(-1);
                 for (j = 0; j < 8; j++) {
-                    mj[j] = _mm256_and_si256(_mm256_and_si256(B->m[j & 1], B->m[2 + ((j >> 1) & 1)]),
-                                             B->m[4 + (j >> 2)]);
+                    mj[j] = gs3d_corner_mask8(B->m, j);
                     mall = _mm256_and_si256(mall, mj[j]);
                 }
                 if (B->ownb) {
@@ -928,7 +938,7 @@ cdef extern from *:
                                 _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), z)));
                         }
                         vsb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(vs));
-                        _mm256_storeu_ps(wa[j], _mm256_mul_ps(B->w[jx], _mm256_mul_ps(B->w[2 + jy], B->w[4 + jz])));
+                        _mm256_storeu_ps(wa[j], gs3d_corner_weight8(B->w, j));
                         _mm256_storeu_si256((__m256i*)oa[j], _mm256_add_epi32(B->abase,
                             _mm256_set1_epi32((int)(jz * az + jy * ay + jx * ax))));
                     }
@@ -1016,13 +1026,7 @@ cdef extern from *:
     /* one input value as float32 (exact), as gs3d_cl_ld8 */
     GS3D_ALWAYS_INLINE float gs3d_cl_ld1(const float* x, const uint16_t* xh, Py_ssize_t off,
                                          const int xk) {
-        uint32_t u;
-        float f;
-        if (xk == 0) return x[off];
-        if (xk == 1) return _cvtsh_ss(xh[off]);
-        u = (uint32_t)xh[off] << 16;
-        memcpy(&f, &u, 4);
-        return f;
+        return xk == 0 ? x[off] : gs3d_h_to_f32(xh[off], xk == 2);
     }
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const gs3d_cl_args* a, const float* go, Py_ssize_t off,
                                           Py_ssize_t C, const int xk) {
