@@ -963,6 +963,9 @@ cdef extern from *:
                     }
                 }
                 if (B->slabb) {
+                    float pr[8][8];
+                    Py_ssize_t co[8];
+                    __m256i pmv = _mm256_setzero_si256();
                     for (j = 0; j < 8; j++) {
                         const int jx = j & 1, jy = (j >> 1) & 1, jz = j >> 2;
                         __m256i vs = mj[j];
@@ -972,12 +975,39 @@ cdef extern from *:
                                 _mm256_cmpgt_epi32(z, _mm256_set1_epi32((int)a->zlo - 1)),
                                 _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), z)));
                         }
+                        co[j] = jz * az + jy * ay + jx * ax;
+                        if (C == 1) {
+                            /* the eight points' products w * go in one vector multiply (the
+                               scalar products' bits), and per point its corner mask */
+                            _mm256_storeu_ps(pr[j], _mm256_mul_ps(gs3d_corner_weight8(B->w, j),
+                                                                  g[0]));
+                            pmv = _mm256_or_si256(pmv, _mm256_and_si256(
+                                vs, _mm256_set1_epi32(1 << j)));
+                            continue;
+                        }
                         vsb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(vs));
                         _mm256_storeu_ps(wa[j], gs3d_corner_weight8(B->w, j));
                         _mm256_storeu_si256((__m256i*)oa[j], _mm256_add_epi32(B->abase,
-                            _mm256_set1_epi32((int)(jz * az + jy * ay + jx * ax))));
+                            _mm256_set1_epi32((int)co[j])));
                     }
-                    if (C == 4 && a->ac == 1) {
+                    if (C == 1) {
+                        /* one channel: per point, its corners in order (no tests when all
+                           eight are in) */
+                        int pm[8], ab8[8];
+                        _mm256_storeu_si256((__m256i*)pm, pmv);
+                        _mm256_storeu_si256((__m256i*)ab8, B->abase);
+                        for (l = 0; l < k; l++) {
+                            float* dst = a->A + ab8[l];
+                            if (pm[l] == 0xFF) {
+                                for (j = 0; j < 8; j++)
+                                    dst[co[j]] = dst[co[j]] + pr[j][l];
+                            } else {
+                                for (j = 0; j < 8; j++)
+                                    if ((pm[l] >> j) & 1)
+                                        dst[co[j]] = dst[co[j]] + pr[j][l];
+                            }
+                        }
+                    } else if (C == 4 && a->ac == 1) {
                         /* four contiguous channels: one 128-bit read-modify-write per corner,
                            dst[c] + w * go[c] lane by lane as below */
                         for (l = 0; l < k; l++) {
