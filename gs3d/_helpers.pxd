@@ -573,6 +573,24 @@ cdef extern from *:
             }
         }
     }
+    /* k points' sums of eight channels (sv[l], channel j in lane j) into eight channel runs
+       dst[j * ds + l] (channels strided, points at step 1): a full block of eight points by
+       a transposition in registers */
+    GS3D_ALWAYS_INLINE void gs3d_runs8(__m256* sv, float* dst, Py_ssize_t ds, int k) {
+        float r[8];
+        int l, j;
+        if (k == 8) {
+            gs3d_transpose8(sv);
+            for (j = 0; j < 8; j++)
+                _mm256_storeu_ps(dst + j * ds, sv[j]);
+            return;
+        }
+        for (l = 0; l < k; l++) {
+            _mm256_storeu_ps(r, sv[l]);
+            for (j = 0; j < 8; j++)
+                dst[l + j * ds] = r[j];
+        }
+    }
     /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op + c * oc];
        the input x (batch item applied) has element strides sx, sy, sz, xc along W, H, D and
        the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
@@ -581,10 +599,10 @@ cdef extern from *:
        in the input and either contiguous in the output or with the output's points at step 1
        (NCDHW), and C a multiple of 8 (``rows``), the whole corner rows are prefetched and
        each point's channels are summed eight at a time with contiguous loads instead (same
-       arithmetic, per channel and corner; sixteen at a time in the AVX-512 build when the
-       output's channels are contiguous and C a multiple of 16, and without mask tests for a
-       point whose eight corners are all in bounds); into NCDHW, eight points' sums are
-       transposed into eight channel runs. */
+       arithmetic, per channel and corner; sixteen at a time in the AVX-512 build when C is a
+       multiple of 16, and without mask tests for a point whose eight corners are all in
+       bounds); into NCDHW, eight points' sums are transposed into eight channel runs.  Four
+       channels contiguous in both (``rows4``) take one 128-bit load per corner the same way. */
     GS3D_ALWAYS_INLINE void gs3d_forward_gather_body(const float* x, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                      const Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
@@ -596,6 +614,8 @@ cdef extern from *:
         /* channels contiguous in the input and the output (or the output's points at step 1),
            C a multiple of 8 */
         const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
+        /* four channels contiguous in the input and the output: one 128-bit load per corner */
+        const int rows4 = xc == 1 && oc == 1 && C == 4;
         /* byte range of a corner row (x0 and x1 with their channels) from x0 */
         const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
         __m256 s, v, mv[3];
@@ -611,7 +631,7 @@ cdef extern from *:
                 B->base = gs3d_offset8(idx, sx, sy, sz);
                 if (!prefetch)
                     continue;
-                if (rows && rlen <= 512)
+                if ((rows || rows4) && rlen <= 512)
                     gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
                 else
                     gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
@@ -628,8 +648,8 @@ cdef extern from *:
                     wj[j] = gs3d_corner_weight8(B->w, j);
                     oj[j] = _mm256_add_epi32(B->base, _mm256_set1_epi32((int)(jz * sz + jy * sy + jx * sx)));
                 }
-                if (rows) {
-                    /* point by point, eight contiguous channels per load */
+                if (rows || rows4) {
+                    /* point by point, contiguous channels per load */
                     float wl[8][8];
                     int ol[8][8];
                     unsigned mb[8];
@@ -640,11 +660,30 @@ cdef extern from *:
                         mb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mj[j]));
                         all &= mb[j];
                     }
-    #if defined(__AVX512F__)
-                    if (oc == 1 && C % 16 == 0) {
-                        /* sixteen channels per load: the same sums lane by lane */
+                    if (rows4) {
                         for (l = 0; l < k; l++) {
-                            for (c = 0; c < C; c += 16) {
+                            __m128 s4 = _mm_setzero_ps();
+                            if ((all >> l) & 1) {
+                                for (j = 0; j < 8; j++)
+                                    s4 = _mm_add_ps(s4, _mm_mul_ps(_mm_set1_ps(wl[j][l]),
+                                                                   _mm_loadu_ps(x + ol[j][l])));
+                            } else {
+                                for (j = 0; j < 8; j++)
+                                    if ((mb[j] >> l) & 1)
+                                        s4 = _mm_add_ps(s4, _mm_mul_ps(_mm_set1_ps(wl[j][l]),
+                                                                       _mm_loadu_ps(x + ol[j][l])));
+                            }
+                            _mm_storeu_ps(out + (p + l) * op, s4);
+                        }
+                        continue;
+                    }
+    #if defined(__AVX512F__) && defined(__AVX512DQ__)
+                    if (C % 16 == 0) {
+                        /* sixteen channels per load: the same sums lane by lane; into NCDHW,
+                           each half of eight points' sums transposed into eight channel runs */
+                        for (c = 0; c < C; c += 16) {
+                            __m256 lo[8], hi[8];
+                            for (l = 0; l < k; l++) {
                                 __m512 s16 = _mm512_setzero_ps();
                                 if ((all >> l) & 1) {
                                     for (j = 0; j < 8; j++)
@@ -658,7 +697,16 @@ cdef extern from *:
                                                 _mm512_set1_ps(wl[j][l]),
                                                 _mm512_loadu_ps(x + ol[j][l] + c)));
                                 }
-                                _mm512_storeu_ps(out + (p + l) * op + c, s16);
+                                if (oc == 1) {
+                                    _mm512_storeu_ps(out + (p + l) * op + c, s16);
+                                } else {
+                                    lo[l] = _mm512_castps512_ps256(s16);
+                                    hi[l] = _mm512_extractf32x8_ps(s16, 1);
+                                }
+                            }
+                            if (oc != 1) {
+                                gs3d_runs8(lo, out + p + c * oc, oc, k);
+                                gs3d_runs8(hi, out + p + (c + 8) * oc, oc, k);
                             }
                         }
                         continue;
@@ -684,20 +732,8 @@ cdef extern from *:
                             else
                                 sv[l] = s;
                         }
-                        if (oc != 1) {
-                            /* channels strided, points at step 1: eight channel runs */
-                            if (k == 8) {
-                                gs3d_transpose8(sv);
-                                for (j = 0; j < 8; j++)
-                                    _mm256_storeu_ps(out + p + (c + j) * oc, sv[j]);
-                            } else {
-                                for (l = 0; l < k; l++) {
-                                    _mm256_storeu_ps(r, sv[l]);
-                                    for (j = 0; j < 8; j++)
-                                        out[p + l + (c + j) * oc] = r[j];
-                                }
-                            }
-                        }
+                        if (oc != 1)
+                            gs3d_runs8(sv, out + p + c * oc, oc, k);
                     }
                     continue;
                 }
