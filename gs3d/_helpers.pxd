@@ -575,7 +575,7 @@ cdef extern from *:
     }
     /* k points' sums of eight channels (sv[l], channel j in lane j) into eight channel runs
        dst[j * ds + l] (channels strided, points at step 1): a full block of eight points by
-       a transposition in registers */
+       a transposition in registers (in place: sv is overwritten) */
     GS3D_ALWAYS_INLINE void gs3d_runs8(__m256* sv, float* dst, Py_ssize_t ds, int k) {
         float r[8];
         int l, j;
@@ -843,8 +843,9 @@ cdef extern from *:
        grid gradient (a chain from +0 in channel order, then + 0, as lane 0 of dot_channels
        for C < 8; eight channels would need lane_sum's tree instead), and
        both grid-gradient formulas of grid_grad_of, picked per point.  The input-gradient
-       scatter stays point by point in order (scalar, or one 128-bit read-modify-write per
-       corner for four contiguous channels), so that every element receives its contributions
+       scatter stays point by point in order (scalar, the products w * go of one channel
+       taken from a vector multiply, or one 128-bit read-modify-write per corner for four
+       contiguous channels), so that every element receives its contributions
        in the order of the tile loop.  Corners are scattered only where their
        depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
        plane (key_of) is there, unless own_all. */
@@ -1033,14 +1034,15 @@ cdef extern from *:
                         _mm256_storeu_si256((__m256i*)pm, pmv);
                         _mm256_storeu_si256((__m256i*)ab8, B->abase);
                         for (l = 0; l < k; l++) {
-                            float* dst = a->A + ab8[l];
+                            /* an index, not a pointer: corner 0 may lie outside A */
+                            const Py_ssize_t o = ab8[l];
                             if (pm[l] == 0xFF) {
                                 for (j = 0; j < 8; j++)
-                                    dst[co[j]] = dst[co[j]] + pr[j][l];
+                                    a->A[o + co[j]] = a->A[o + co[j]] + pr[j][l];
                             } else {
                                 for (j = 0; j < 8; j++)
                                     if ((pm[l] >> j) & 1)
-                                        dst[co[j]] = dst[co[j]] + pr[j][l];
+                                        a->A[o + co[j]] = a->A[o + co[j]] + pr[j][l];
                             }
                         }
                     } else if (C == 4 && a->ac == 1) {
