@@ -961,9 +961,22 @@ cdef extern from *:
                 if (!(B->ownb | B->slabb))
                     continue;           /* nothing of these eight points is this call's */
                 for (c = 0; c < C; c++) {
-                    for (l = 0; l < 8; l++)
-                        gov[c][l] = l < k ? a->go[(p + l) * a->gp + c * a->gc] : 0.0f;
-                    g[c] = _mm256_loadu_ps(gov[c]);
+                    /* built in registers (eight scalar stores read back as one vector would
+                       stall store forwarding), lanes past k zero */
+                    const float* gs = a->go + p * a->gp + c * a->gc;
+                    const Py_ssize_t gp = a->gp;
+                    if (k == 8 && gp == 1)
+                        g[c] = _mm256_loadu_ps(gs);
+                    else if (k == 8)
+                        g[c] = _mm256_setr_ps(gs[0], gs[gp], gs[2 * gp], gs[3 * gp], gs[4 * gp],
+                                              gs[5 * gp], gs[6 * gp], gs[7 * gp]);
+                    else
+                        g[c] = _mm256_setr_ps(gs[0], k > 1 ? gs[gp] : 0.0f,
+                                              k > 2 ? gs[2 * gp] : 0.0f, k > 3 ? gs[3 * gp] : 0.0f,
+                                              k > 4 ? gs[4 * gp] : 0.0f, k > 5 ? gs[5 * gp] : 0.0f,
+                                              k > 6 ? gs[6 * gp] : 0.0f, 0.0f);
+                    if (C != 1)
+                        _mm256_storeu_ps(gov[c], g[c]);     /* for the scalar scatters */
                 }
                 mall = _mm256_set1_epi32(-1);
                 for (j = 0; j < 8; j++) {

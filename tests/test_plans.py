@@ -739,8 +739,9 @@ def test_few_channel_float32_backward_agrees_across_builds(align, padding, C, la
     scatter point by point in order.  Both builds must give the same bits for every tail
     length, output_mask and thread count (at N = 1 the threads split the input gradient into
     depth slabs and each maps every point), and agree with the float64 reference (C = 8 and
-    reflection: the tile loop in both)."""
-    for n_points in (1, 8, 9, 65, 203):
+    reflection: the tile loop in both).  The point counts give every tail of a block of eight
+    (1 to 7 points, and none)."""
+    for n_points in (1, 2, 7, 8, 9, 12, 13, 14, 65, 203):
         _points_backward_across_builds(np.random.default_rng(100 + n_points), C, n_points,
                                        layout, dict(mode="bilinear", padding_mode=padding,
                                                     align_corners=align))
@@ -755,7 +756,7 @@ def test_four_channels_last_float32_backward_agrees_across_builds(padding, align
     when its channel stride is 1 and from the staged values otherwise (``grad_order``).  Same
     bits as the baseline build's per-channel loop (shared corners, tails, depth slabs at 3
     threads, every output_mask) and the float64 reference's values."""
-    for n_points in (1, 8, 13, 203):
+    for n_points in (1, 7, 8, 13, 14, 203):
         _points_backward_across_builds(np.random.default_rng(500 + n_points), 4, n_points,
                                        "NDHWC", dict(mode="bilinear", padding_mode=padding,
                                                      align_corners=align),
