@@ -1823,6 +1823,16 @@ cdef void add_planes(acc_t* A, const acc_t* B, Py_ssize_t* As, Geo* g, Py_ssize_
 # slabs touching more than SPLIT_SHARE / 8 of the tiles.  The test is made for two slabs
 # whatever the thread count (one thread runs the halves in turn), so the results are the same
 # bits at every thread count.  Measured figures: README, Determinism and threads.
+# SPLIT_ONE_CHANNEL: with one channel the points of a batch item are split whatever the
+# grid.  On smooth grids the depth slabs share the scatter out too, but each thread also maps
+# the tiles that straddle its slab's edge and first finds every tile's depth range; with one
+# channel the mapping is most of the work, so the split (each thread maps exactly half the
+# points, then one pass adds the two accumulators) wins at two threads and loses a little at
+# one.  Measured in a scratch build through one plan, the two alternating, 2 threads, smooth
+# grids: 1x1x64^3 NCDHW 4.14 -> 3.85 ms, 1x1x96^3 NDHWC 11.0 -> 9.3 ms, 1x1x128^3 NCDHW
+# 32.2-36.6 -> 27.3-31.0 ms, NDHWC 35.4 -> 31.3 ms; with more channels the gain fades or turns
+# (1x4x64^3 1.03x, 1x8x64^3 1.01x, 1x16x64^3 0.93x, 1x32x32^3 0.84x: the add pass grows with
+# C), so those still split only when slabs would repeat most tiles.
 cdef enum:
     SPLIT_SHARE = 6
     SPLIT_SAMPLE = 128      # tiles looked at, at most (evenly spaced)
@@ -2190,7 +2200,10 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                                 >= g.D * g.H * g.W * g.C
                                 and dense_strides(&g.ds[1], dims, 4))
                 slabs_repeat = False
-                if (g.mode == MODE_BILINEAR and ntiles >= 2
+                if g.mode == MODE_BILINEAR and ntiles >= 2 and points_split and g.C == 1:
+                    # one channel: the points are always split (SPLIT_ONE_CHANNEL)
+                    slabs_repeat = True
+                elif (g.mode == MODE_BILINEAR and ntiles >= 2
                         and (points_split or (nthreads > 1 and want_dg))):
                     # whether two depth slabs would make both threads set up most tiles:
                     # judged for two slabs at every thread count, so that the choice of the

@@ -311,6 +311,26 @@ def test_split_stays_off_for_smooth_grids(layout):
         assert bits_equal(dense[1], strided[1])
 
 
+@pytest.mark.parametrize("C", [1, 2])
+def test_one_channel_always_splits(C):
+    """With one channel the points are split whatever the grid (SPLIT_ONE_CHANNEL in
+    gs3d/_kernels.pyx); from two channels, a grid on which two depth slabs share the tiles
+    out keeps the slabs.  Four tiles of 64 points: tiles 0 and 2 sample voxel 0 with weight 1,
+    tiles 1 and 3 depth plane 6 of 8.  grad_output is 1 at point 0 and 2**-24 at two points
+    of tile 2 (the second half).  In point order 1 + 2**-24 rounds to 1, twice; the split
+    sums the second half first: 1 + 2**-23.  The same bits at 1, 2 and 3 threads either way."""
+    x = np.zeros((1, C, 8, 4, 4), np.float32)
+    q = np.full((1, 1, 1, 256, 3), -1.0, np.float32)
+    q[0, 0, 0, 64:128, 2] = q[0, 0, 0, 192:, 2] = 5.0 / 7.0
+    g = np.zeros((1, C, 1, 1, 256), np.float32)
+    g[:, :, 0, 0, 0] = 1.0
+    g[:, :, 0, 0, [130, 150]] = 2.0 ** -24
+    want = np.float32(1 + 2.0 ** -23) if C == 1 else np.float32(1.0)
+    for threads in (1, 2, 3):
+        dx, dg = gs3d.grid_sample_3d_backward(g, x, q, align_corners=True, num_threads=threads)
+        assert np.all(dx[0, :, 0, 0, 0] == want), (threads, dx[0, :, 0, 0, 0])
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_plan_splits_like_the_function(threads):
     """A plan owns the split's accumulator and gives the function's bits, call after call."""
