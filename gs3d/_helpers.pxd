@@ -356,24 +356,32 @@ cdef extern from *:
        q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
        (corner planes z0, z0 + 1 and the key plane; a point that samples nothing needs plane
        0 only), four points at a time, z mapped by gs3d_map4 (the mapping of axis_index).
-       The last point fills the lanes past cnt (the same planes again). */
-    static void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc,
-                                   Py_ssize_t cnt, Py_ssize_t D, int align, int border,
-                                   Py_ssize_t* lo, Py_ssize_t* hi) {
+       The last point fills the lanes past cnt (the same planes again).  16-bit points
+       (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are converted exactly first, so
+       the planes are those of the scalar loop too. */
+    GS3D_ALWAYS_INLINE float gs3d_q_ld(const float* qf, const uint16_t* qh, Py_ssize_t i,
+                                       const int xk) {
+        return xk == 0 ? qf[i] : gs3d_h_to_f32(qh[i], xk == 2);
+    }
+    GS3D_ALWAYS_INLINE void gs3d_tile_planes_body(const float* qf, const uint16_t* qh,
+                                                  const int xk, Py_ssize_t qp, Py_ssize_t qc,
+                                                  Py_ssize_t cnt, Py_ssize_t D, int align,
+                                                  int border, Py_ssize_t* lo, Py_ssize_t* hi) {
         const double sz = (double)D;
         const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
         const __m256d top = _mm256_set1_pd(sz - 1.0);
         __m256d vlo = _mm256_set1_pd(sz), vhi = _mm256_set1_pd(-1.0);
         __m256d fl, fr, ok, m, key;
         double r[4];
-        const float* z = q + 2 * qc;
+        const Py_ssize_t z = 2 * qc;
         Py_ssize_t p, e = cnt - 1;
         int l;
         for (p = 0; p < cnt; p += 4) {
             /* built in registers: a vector load of four separate stores would stall */
-            const __m128 zv = _mm_setr_ps(z[p * qp], z[(p + 1 < cnt ? p + 1 : e) * qp],
-                                          z[(p + 2 < cnt ? p + 2 : e) * qp],
-                                          z[(p + 3 < cnt ? p + 3 : e) * qp]);
+            const __m128 zv = _mm_setr_ps(gs3d_q_ld(qf, qh, z + p * qp, xk),
+                                          gs3d_q_ld(qf, qh, z + (p + 1 < cnt ? p + 1 : e) * qp, xk),
+                                          gs3d_q_ld(qf, qh, z + (p + 2 < cnt ? p + 2 : e) * qp, xk),
+                                          gs3d_q_ld(qf, qh, z + (p + 3 < cnt ? p + 3 : e) * qp, xk));
             gs3d_map4(_mm256_cvtps_pd(zv), sz, align, border, &fl, &fr, &ok, &m);
             /* key_of: z0 clamped to [0, D - 1], 0 when nothing is sampled (fl is then -2) */
             key = _mm256_min_pd(_mm256_max_pd(fl, zero), top);
@@ -386,6 +394,19 @@ cdef extern from *:
         _mm256_storeu_pd(r, vhi);
         *hi = (Py_ssize_t)r[0];
         for (l = 1; l < 4; l++) if ((Py_ssize_t)r[l] > *hi) *hi = (Py_ssize_t)r[l];
+    }
+    static void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc,
+                                   Py_ssize_t cnt, Py_ssize_t D, int align, int border,
+                                   Py_ssize_t* lo, Py_ssize_t* hi) {
+        gs3d_tile_planes_body(q, NULL, 0, qp, qc, cnt, D, align, border, lo, hi);
+    }
+    static void gs3d_tile_planes_h(const uint16_t* q, int bf, Py_ssize_t qp, Py_ssize_t qc,
+                                   Py_ssize_t cnt, Py_ssize_t D, int align, int border,
+                                   Py_ssize_t* lo, Py_ssize_t* hi) {
+        if (bf)
+            gs3d_tile_planes_body(NULL, q, 2, qp, qc, cnt, D, align, border, lo, hi);
+        else
+            gs3d_tile_planes_body(NULL, q, 1, qp, qc, cnt, D, align, border, lo, hi);
     }
     /* one axis of eight points: int32 corner-0 index, in-bounds masks of corners 0 and 1, and
        the float weights (1 - frac, frac) */
@@ -1450,6 +1471,12 @@ cdef extern from *:
         (void)q; (void)qp; (void)qc; (void)cnt; (void)D; (void)align; (void)border;
         (void)lo; (void)hi;
     }
+    static void gs3d_tile_planes_h(const uint16_t* q, int bf, Py_ssize_t qp, Py_ssize_t qc,
+                                   Py_ssize_t cnt, Py_ssize_t D, int align, int border,
+                                   Py_ssize_t* lo, Py_ssize_t* hi) {
+        (void)q; (void)bf; (void)qp; (void)qc; (void)cnt; (void)D; (void)align; (void)border;
+        (void)lo; (void)hi;
+    }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
     static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                                  float* dst, Py_ssize_t ds, Py_ssize_t pf) {
@@ -1499,6 +1526,9 @@ cdef extern from *:
     void gs3d_setup_tile_f(const gs3d_setup_args* a) noexcept nogil
     void gs3d_tile_planes_f(const float* q, Py_ssize_t qp, Py_ssize_t qc, Py_ssize_t cnt,
                             Py_ssize_t D, int align, int border, Py_ssize_t* lo,
+                            Py_ssize_t* hi) noexcept nogil
+    void gs3d_tile_planes_h(const uint16_t* q, int bf, Py_ssize_t qp, Py_ssize_t qc,
+                            Py_ssize_t cnt, Py_ssize_t D, int align, int border, Py_ssize_t* lo,
                             Py_ssize_t* hi) noexcept nogil
     ctypedef struct gs3d_cl_args:
         const float* x

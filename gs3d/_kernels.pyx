@@ -52,7 +52,7 @@ from gs3d._helpers cimport (
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
-    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_transpose_f,
+    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_tile_planes_h, gs3d_transpose_f,
     gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
 )
 
@@ -1713,14 +1713,20 @@ cdef void tile_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t ti,
     cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, p, p0 = ti * TILE, a, b
     cdef Py_ssize_t lo = g.D, hi = -1, step
     cdef Cursor cur
-    if store_t is float:
-        # float32 points evenly spaced in memory, bilinear zeros/border: four at a time with
-        # AVX2 (the same planes)
-        if (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR and g.padding != PAD_REFLECTION
+    if store_t is not double:
+        # float32 or 16-bit points evenly spaced in memory, bilinear zeros/border: four at a
+        # time with AVX2 (the same planes; 16-bit values converted exactly first)
+        if (GS3D_HAVE_SIMD_GATHER and (store_t is float or GS3D_HAVE_HALF_SIMD)
+                and g.mode == MODE_BILINEAR and g.padding != PAD_REFLECTION
                 and p0 < P and flat_points(g.qs, g, &step)):
-            gs3d_tile_planes_f(&q[n * g.qs[0] + p0 * step], step, g.qs[4], min(P, p0 + TILE) - p0,
-                               g.D, g.align, g.padding == PAD_BORDER, &hull[2 * ti],
-                               &hull[2 * ti + 1])
+            if store_t is float:
+                gs3d_tile_planes_f(&q[n * g.qs[0] + p0 * step], step, g.qs[4],
+                                   min(P, p0 + TILE) - p0, g.D, g.align,
+                                   g.padding == PAD_BORDER, &hull[2 * ti], &hull[2 * ti + 1])
+            else:
+                gs3d_tile_planes_h(&q[n * g.qs[0] + p0 * step], g.half_kind == HALF_BF16, step,
+                                   g.qs[4], min(P, p0 + TILE) - p0, g.D, g.align,
+                                   g.padding == PAD_BORDER, &hull[2 * ti], &hull[2 * ti + 1])
             return
     cursor_start(&cur, g, p0)
     for p in range(p0, min(P, p0 + TILE)):

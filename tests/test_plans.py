@@ -718,16 +718,18 @@ def _points_backward_across_builds(rng, C, n_points, layout, opts, dtype="float3
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border"])
 @pytest.mark.parametrize("kind", ["smooth", "random", "special"])
-def test_tile_depth_ranges_agree_across_builds(kind, padding, align):
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_tile_depth_ranges_agree_across_builds(dtype, kind, padding, align):
     """At N = 1 on two or more threads each tile's range of depth planes (tile_planes; four
-    float32 points at a time with AVX2, gs3d_tile_planes_f, where the grid's points are evenly
-    spaced) decides which depth slab works on it and whether the points are split.  A range
-    too narrow drops contributions, a different one can change the split: the AVX2 and the
-    baseline build must give the bits of one thread, for evenly spaced and other grids, every
-    tail length, and NaN, infinite and huge depths."""
+    float32 or 16-bit points at a time with AVX2, gs3d_tile_planes_f / _h, where the grid's
+    points are evenly spaced) decides which depth slab works on it and whether the points are
+    split.  A range too narrow drops contributions, a different one can change the split: the
+    AVX2 and the baseline build must give the bits of one thread, for evenly spaced and other
+    grids, every tail length, and NaN, infinite and huge depths."""
+    dt = np_dtype(dtype)
     rng = np.random.default_rng(len(kind) + 3 * align + len(padding))
     for D, So in ((1, 5), (7, 9), (16, 13), (23, 21)):
-        x = rng.standard_normal((1, 2, D, 6, 5)).astype(np.float32)
+        x = rng.standard_normal((1, 2, D, 6, 5)).astype(dt)
         axis = np.linspace(-1, 1, So)
         q = np.stack(np.meshgrid(axis, axis, axis, indexing="ij")[::-1], axis=-1)[None]
         if kind == "smooth":
@@ -739,8 +741,9 @@ def test_tile_depth_ranges_agree_across_builds(kind, padding, align):
             hit = rng.random(q.shape) < 0.2
             q[hit] = rng.choice([np.nan, np.inf, -np.inf, 1e30, -1e30, -0.0, 1.0, -1.0],
                                 hit.sum())
-        q = q.astype(np.float32)
-        go = rng.standard_normal((1, 2, So, So, So)).astype(np.float32)
+        with np.errstate(over="ignore"):        # 1e30 is infinite in float16
+            q = q.astype(dt)
+        go = rng.standard_normal((1, 2, So, So, So)).astype(dt)
         for grid in (q, q[:, :, ::-1], np.asfortranarray(q)):
             kw = dict(padding_mode=padding, align_corners=align)
             one = _backward_both_builds(go, x, grid, num_threads=1, **kw)[0]
