@@ -359,6 +359,18 @@ cdef extern from *:
        The last point fills the lanes past cnt (the same planes again).  16-bit points
        (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are converted exactly first, so
        the planes are those of the scalar loop too. */
+    /* eight input values at offset off as float32 (exact) */
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8(const float* x, const uint16_t* xh, Py_ssize_t off,
+                                          const int xk) {
+        if (xk == 0) return _mm256_loadu_ps(x + off);
+    #if defined(__F16C__)
+        if (xk == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(xh + off)));
+    #else
+    #error "the AVX2 kernels need F16C (-mf16c)"
+    #endif
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
+            _mm_loadu_si128((const __m128i*)(xh + off))), 16));
+    }
     GS3D_ALWAYS_INLINE float gs3d_q_ld(const float* qf, const uint16_t* qh, Py_ssize_t i,
                                        const int xk) {
         return xk == 0 ? qf[i] : gs3d_h_to_f32(qh[i], xk == 2);
@@ -491,7 +503,8 @@ cdef extern from *:
        (x, y, z) the int32 corner-0 index idx, the in-bounds masks of corners 0 and 1 into
        m[2 axis], m[2 axis + 1], the weights into w[...] alike, and the sample and multiplier
        masks of gs3d_axis8.  Lanes past k are NaN: they sample nothing. */
-    static inline void gs3d_map8(const float* q, Py_ssize_t qp, Py_ssize_t qc, int k,
+    static inline void gs3d_map8(const float* q, const uint16_t* qh, const int qk,
+                                 Py_ssize_t qp, Py_ssize_t qc, int k,
                                  Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, int align, int border,
                                  __m256i* idx, __m256i* m, __m256* w, __m256i* ok,
                                  __m256* mult) {
@@ -500,14 +513,19 @@ cdef extern from *:
         float t[8];
         int l, a;
         for (a = 0; a < 3; a++) {
-            const float* g = q + a * qc;
+            const Py_ssize_t g = a * qc;
             if (k == 8) {
                 /* built in registers: a vector load of eight separate stores would stall */
-                c[a] = _mm256_setr_ps(g[0], g[qp], g[2 * qp], g[3 * qp], g[4 * qp], g[5 * qp],
-                                      g[6 * qp], g[7 * qp]);
+                c[a] = _mm256_setr_ps(gs3d_q_ld(q, qh, g, qk), gs3d_q_ld(q, qh, g + qp, qk),
+                                      gs3d_q_ld(q, qh, g + 2 * qp, qk),
+                                      gs3d_q_ld(q, qh, g + 3 * qp, qk),
+                                      gs3d_q_ld(q, qh, g + 4 * qp, qk),
+                                      gs3d_q_ld(q, qh, g + 5 * qp, qk),
+                                      gs3d_q_ld(q, qh, g + 6 * qp, qk),
+                                      gs3d_q_ld(q, qh, g + 7 * qp, qk));
             } else {
                 for (l = 0; l < 8; l++)
-                    t[l] = l < k ? g[l * qp] : NAN;
+                    t[l] = l < k ? gs3d_q_ld(q, qh, g + l * qp, qk) : NAN;
                 c[a] = _mm256_loadu_ps(t);
             }
         }
@@ -612,6 +630,23 @@ cdef extern from *:
                 dst[l + j * ds] = r[j];
         }
     }
+    /* the same into 16-bit channel runs, each value rounded as gs3d_store8_h rounds */
+    GS3D_ALWAYS_INLINE void gs3d_runs8h(__m256* sv, uint16_t* dst, Py_ssize_t ds, int k,
+                                        int bf) {
+        uint16_t r[8];
+        int l, j;
+        if (k == 8) {
+            gs3d_transpose8(sv);
+            for (j = 0; j < 8; j++)
+                gs3d_store8_h(sv[j], dst + j * ds, bf);
+            return;
+        }
+        for (l = 0; l < k; l++) {
+            gs3d_store8_h(sv[l], r, bf);
+            for (j = 0; j < 8; j++)
+                dst[l + j * ds] = r[j];
+        }
+    }
     /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op + c * oc];
        the input x (batch item applied) has element strides sx, sy, sz, xc along W, H, D and
        the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
@@ -624,19 +659,22 @@ cdef extern from *:
        multiple of 16, and without mask tests for a point whose eight corners are all in
        bounds); into NCDHW, eight points' sums are transposed into eight channel runs.  Four
        channels contiguous in both (``rows4``) take one 128-bit load per corner the same way. */
-    GS3D_ALWAYS_INLINE void gs3d_forward_gather_body(const float* x, Py_ssize_t sx, Py_ssize_t sy,
+    GS3D_ALWAYS_INLINE void gs3d_forward_gather_body(const float* x, const uint16_t* xh,
+                                     const int xk, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
-                                     const Py_ssize_t C, Py_ssize_t xc, const float* q, Py_ssize_t qp,
-                                     Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
-                                     Py_ssize_t cnt, int align, int border, int prefetch) {
+                                     const Py_ssize_t C, Py_ssize_t xc, const float* q,
+                                     const uint16_t* qh, Py_ssize_t qp,
+                                     Py_ssize_t qc, float* out, uint16_t* outh, Py_ssize_t op,
+                                     Py_ssize_t oc, Py_ssize_t cnt, int align, int border,
+                                     int prefetch) {
         float r[8];
         gs3d_block8 blk[8];
         __m256i idx[3], m, okv[3];
         /* channels contiguous in the input and the output (or the output's points at step 1),
-           C a multiple of 8 */
+           C a multiple of 8 (the only case of 16-bit storage, xk 1 or 2) */
         const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
         /* four channels contiguous in the input and the output: one 128-bit load per corner */
-        const int rows4 = xc == 1 && oc == 1 && C == 4;
+        const int rows4 = xk == 0 && xc == 1 && oc == 1 && C == 4;
         /* byte range of a corner row (x0 and x1 with their channels) from x0 */
         const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
         __m256 s, v, mv[3];
@@ -648,9 +686,10 @@ cdef extern from *:
                 gs3d_block8* B = &blk[b];
                 p = p0 + 8 * b;
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
-                gs3d_map8(q + p * qp, qp, qc, k, W, H, D, align, border, idx, B->m, B->w, okv, mv);
+                gs3d_map8(xk ? NULL : q + p * qp, xk ? qh + p * qp : NULL, xk, qp, qc, k, W, H, D,
+                          align, border, idx, B->m, B->w, okv, mv);
                 B->base = gs3d_offset8(idx, sx, sy, sz);
-                if (!prefetch)
+                if (!prefetch || xk)        /* (the hints count float32 offsets) */
                     continue;
                 if ((rows || rows4) && rlen <= 512)
                     gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
@@ -699,7 +738,7 @@ cdef extern from *:
                         continue;
                     }
     #if defined(__AVX512F__) && defined(__AVX512DQ__)
-                    if (C % 16 == 0) {
+                    if (xk == 0 && C % 16 == 0) {
                         /* sixteen channels per load: the same sums lane by lane; into NCDHW,
                            each half of eight points' sums transposed into eight channel runs */
                         for (c = 0; c < C; c += 16) {
@@ -741,19 +780,23 @@ cdef extern from *:
                                 /* every corner in bounds: no tests */
                                 for (j = 0; j < 8; j++)
                                     s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(wl[j][l]),
-                                                                       _mm256_loadu_ps(x + ol[j][l] + c)));
+                                                                       gs3d_cl_ld8(x, xh, ol[j][l] + c, xk)));
                             } else {
                                 for (j = 0; j < 8; j++)
                                     if ((mb[j] >> l) & 1)
                                         s = _mm256_add_ps(s, _mm256_mul_ps(_mm256_set1_ps(wl[j][l]),
-                                                                           _mm256_loadu_ps(x + ol[j][l] + c)));
+                                                                           gs3d_cl_ld8(x, xh, ol[j][l] + c, xk)));
                             }
-                            if (oc == 1)
-                                _mm256_storeu_ps(out + (p + l) * op + c, s);
-                            else
+                            if (oc != 1)
                                 sv[l] = s;
+                            else if (xk)
+                                gs3d_store8_h(s, outh + (p + l) * op + c, xk == 2);
+                            else
+                                _mm256_storeu_ps(out + (p + l) * op + c, s);
                         }
-                        if (oc != 1)
+                        if (oc != 1 && xk)
+                            gs3d_runs8h(sv, outh + p + c * oc, oc, k, xk == 2);
+                        else if (oc != 1)
                             gs3d_runs8(sv, out + p + c * oc, oc, k);
                     }
                     continue;
@@ -801,7 +844,7 @@ cdef extern from *:
         unsigned char v, slab;
         for (p = 0; p < a->cnt; p += 8) {
             k = a->cnt - p < 8 ? (int)(a->cnt - p) : 8;
-            gs3d_map8(a->q + p * a->qp, a->qp, a->qc, k, a->W, a->H, a->D, a->align, a->border,
+            gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align, a->border,
                       idx, m, w, ok, mult);
             vdv = _mm256_setzero_si256();
             for (j = 0; j < 8; j++) {
@@ -851,11 +894,28 @@ cdef extern from *:
                                      Py_ssize_t qc, float* out, Py_ssize_t op, Py_ssize_t oc,
                                      Py_ssize_t cnt, int align, int border, int prefetch) {
         if (C == 1)
-            gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, 1, xc, q, qp, qc, out, op, oc, cnt,
-                                     align, border, prefetch);
+            gs3d_forward_gather_body(x, NULL, 0, sx, sy, sz, W, H, D, 1, xc, q, NULL, qp, qc,
+                                     out, NULL, op, oc, cnt, align, border, prefetch);
         else
-            gs3d_forward_gather_body(x, sx, sy, sz, W, H, D, C, xc, q, qp, qc, out, op, oc, cnt,
-                                     align, border, prefetch);
+            gs3d_forward_gather_body(x, NULL, 0, sx, sy, sz, W, H, D, C, xc, q, NULL, qp, qc,
+                                     out, NULL, op, oc, cnt, align, border, prefetch);
+    }
+    /* The same for 16-bit storage (float16, or bfloat16 with ``bf``): input, grid and output,
+       the values converted exactly, summed in float32 and rounded once, as the tile loop does;
+       only its point-by-point branch (C a multiple of 8, channels contiguous in the input and
+       the output or the output's points at step 1), without prefetching. */
+    static void gs3d_forward_gather_h(const uint16_t* x, Py_ssize_t sx, Py_ssize_t sy,
+                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
+                                      Py_ssize_t C, Py_ssize_t xc, const uint16_t* q,
+                                      Py_ssize_t qp, Py_ssize_t qc, uint16_t* out, Py_ssize_t op,
+                                      Py_ssize_t oc, Py_ssize_t cnt, int align, int border,
+                                      int bf) {
+        if (bf)
+            gs3d_forward_gather_body(NULL, x, 2, sx, sy, sz, W, H, D, C, xc, NULL, q, qp, qc,
+                                     NULL, out, op, oc, cnt, align, border, 0);
+        else
+            gs3d_forward_gather_body(NULL, x, 1, sx, sy, sz, W, H, D, C, xc, NULL, q, qp, qc,
+                                     NULL, out, op, oc, cnt, align, border, 0);
     }
     /* The float32 backward under bilinear zeros/border padding for up to 7 channels
        (BWD_GATHER_MAX_C), eight points per step with AVX2: the bits of setup_tile +
@@ -943,7 +1003,7 @@ cdef extern from *:
                 __m256i vld;
                 p = p0 + 8 * b;
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
-                gs3d_map8(a->q + p * a->qp, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
+                gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
                           a->border, idx, B->m, B->w, okv, mv);
                 vld = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
                 for (l = 0; l < 3; l++)
@@ -1147,18 +1207,6 @@ cdef extern from *:
             if ((sm >> (2 * r)) & 3)
                 gs3d_cl_span((const char*)(a->A + a->ab[k] + a->ad[2 * r]) + a->pa_lo, a->pa_n);
         }
-    }
-    /* eight input values at offset off as float32 (exact) */
-    GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8(const float* x, const uint16_t* xh, Py_ssize_t off,
-                                          const int xk) {
-        if (xk == 0) return _mm256_loadu_ps(x + off);
-    #if defined(__F16C__)
-        if (xk == 1) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(xh + off)));
-    #else
-    #error "the AVX2 kernels need F16C (-mf16c)"
-    #endif
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
-            _mm_loadu_si128((const __m128i*)(xh + off))), 16));
     }
     /* one input value as float32 (exact), as gs3d_cl_ld8 */
     GS3D_ALWAYS_INLINE float gs3d_cl_ld1(const float* x, const uint16_t* xh, Py_ssize_t off,
@@ -1461,6 +1509,16 @@ cdef extern from *:
         (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
         (void)border; (void)prefetch;
     }
+    static void gs3d_forward_gather_h(const uint16_t* x, Py_ssize_t sx, Py_ssize_t sy,
+                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
+                                      Py_ssize_t C, Py_ssize_t xc, const uint16_t* q,
+                                      Py_ssize_t qp, Py_ssize_t qc, uint16_t* out, Py_ssize_t op,
+                                      Py_ssize_t oc, Py_ssize_t cnt, int align, int border,
+                                      int bf) {
+        (void)x; (void)sx; (void)sy; (void)sz; (void)W; (void)H; (void)D; (void)C; (void)xc;
+        (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
+        (void)border; (void)bf;
+    }
     static void gs3d_setup_tile_f(const gs3d_setup_args* a) { (void)a; }
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
         (void)a; (void)cnt;
@@ -1577,6 +1635,11 @@ cdef extern from *:
                               Py_ssize_t xc, const float* q, Py_ssize_t qp, Py_ssize_t qc,
                               float* out, Py_ssize_t op, Py_ssize_t oc, Py_ssize_t cnt,
                               int align, int border, int prefetch) noexcept nogil
+    void gs3d_forward_gather_h(const uint16_t* x, Py_ssize_t sx, Py_ssize_t sy, Py_ssize_t sz,
+                               Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
+                               Py_ssize_t xc, const uint16_t* q, Py_ssize_t qp, Py_ssize_t qc,
+                               uint16_t* out, Py_ssize_t op, Py_ssize_t oc, Py_ssize_t cnt,
+                               int align, int border, int bf) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     int GS3D_HAVE_HALF_SIMD

@@ -49,7 +49,7 @@ from gs3d._helpers cimport (
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, gs3d_cpu_has_avx512,
     MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
-    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2,
+    gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_tile_planes_h, gs3d_transpose_f,
@@ -335,7 +335,7 @@ cdef bint int32_offsets(Geo* g, const Py_ssize_t* st) noexcept nogil:
 
 
 cdef void enable_simd_gather(Geo* g) noexcept nogil:
-    """Use the AVX2 gather forward (float32 callers only; gs3d_forward_gather_avx2) where it
+    """Use the AVX2 gather forward (gs3d_forward_gather_avx2; 16-bit storage: see half_rows) where it
     applies: at most GATHER_MAX_C channels (or a multiple of 8 contiguous in the input, and in
     the output or with its points at step 1: its point-by-point branch), bilinear, zeros or
     border padding, grid and output points at fixed steps, int32 offsets."""
@@ -346,6 +346,14 @@ cdef void enable_simd_gather(Geo* g) noexcept nogil:
     if g.C > GATHER_MAX_C:
         # the point-by-point branch: output channels contiguous, or its points at step 1
         g.simd_gather = g.simd_gather and (g.gs[4] == 1 or g.op == 1)
+
+
+cdef void half_rows(Geo* g) noexcept nogil:
+    """16-bit storage takes the gather forward (gs3d_forward_gather_h) only in its
+    point-by-point branch: C a multiple of 8, channels contiguous in the input, and in the
+    output or with the output's points at step 1."""
+    g.simd_gather = (g.simd_gather and GS3D_HAVE_HALF_SIMD and g.C % 8 == 0 and g.xs[4] == 1
+                     and (g.gs[4] == 1 or g.op == 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -888,6 +896,13 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                                      &out[n * g.gs[0] + p0 * g.op], g.op, oc, cnt, g.align,
                                      g.padding == PAD_BORDER, g.prefetch_fwd)
             return
+    elif store_t is not double:
+        if g.simd_gather:
+            gs3d_forward_gather_h(&x[n * g.xs[0]], g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D,
+                                  C, xc, &q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
+                                  &out[n * g.gs[0] + p0 * g.op], g.op, oc, cnt, g.align,
+                                  g.padding == PAD_BORDER, g.half_kind == HALF_BF16)
+            return
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
     # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_FWD_MIN_KIB)
     ahead = <int>AHEAD if g.prefetch_fwd else cnt
@@ -1028,15 +1043,19 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
-    if store_t is float:
+    if store_t is not double:
         enable_simd_gather(g)
+        if store_t is not float:
+            half_rows(g)
     if ((not g.simd_gather or g.C % 8 == 0) and channels_last_geo(g, &gT, As, False)
             and nxcl >= g.D * g.H * g.W * g.C):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
         # gather forward's point-by-point branch where it applies; for C = 8 too, where the
         # gather forward would otherwise read the channel planes)
-        if store_t is float:
+        if store_t is not double:
             enable_simd_gather(&gT)
+            if store_t is not float:
+                half_rows(&gT)
         for n in range(g.N):
             if nthreads == 1:
                 transpose_planes(&x[n * g.xs[0]], g, xcl, 0, g.D)
