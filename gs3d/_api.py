@@ -177,9 +177,10 @@ def _may_split(pb: Problem) -> bool:
     in two halves, each scattered in order into its own float32/float64 accumulator
     (input_grad and a (D, H, W, C) buffer), the two summed afterwards: on two threads, one
     half each.  The kernel decides from the grid (random grids, where depth slabs would make
-    both threads set up most tiles; with one channel, any grid) and needs a dense input_grad; here, the shape rules: one
-    batch item, no 16-bit storage, no channels-last copy, and at least a quarter as many
-    output points as voxels (else the extra pass over the accumulator outweighs the gain).
+    both threads set up most tiles; with one channel, any grid) and needs a dense
+    input_grad; here, the shape rules: one batch item, no 16-bit storage, no channels-last
+    copy, and at least a quarter as many output points as voxels (else the extra pass over
+    the accumulator outweighs the gain).
     The choice never depends on the thread count or the deterministic mode."""
     D, H, W = pb.in_spatial
     P = math.prod(pb.out_spatial)

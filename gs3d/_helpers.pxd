@@ -352,13 +352,6 @@ cdef extern from *:
         *fr = _mm256_sub_pd(u, f);
         *fl = _mm256_blendv_pd(_mm256_set1_pd(-2.0), f, ok);
     }
-    /* The depth planes [*lo, *hi] that the cnt (> 0) float32 points at q, q + qp, ... (z at
-       q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
-       (corner planes z0, z0 + 1 and the key plane; a point that samples nothing needs plane
-       0 only), four points at a time, z mapped by gs3d_map4 (the mapping of axis_index).
-       The last point fills the lanes past cnt (the same planes again).  16-bit points
-       (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are converted exactly first, so
-       the planes are those of the scalar loop too. */
     /* eight input values at offset off as float32 (exact) */
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8(const float* x, const uint16_t* xh, Py_ssize_t off,
                                           const int xk) {
@@ -375,6 +368,13 @@ cdef extern from *:
                                        const int xk) {
         return xk == 0 ? qf[i] : gs3d_h_to_f32(qh[i], xk == 2);
     }
+    /* The depth planes [*lo, *hi] that the cnt (> 0) float32 points at q, q + qp, ... (z at
+       q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
+       (corner planes z0, z0 + 1 and the key plane; a point that samples nothing needs plane
+       0 only), four points at a time, z mapped by gs3d_map4 (the mapping of axis_index).
+       The last point fills the lanes past cnt (the same planes again).  16-bit points
+       (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are converted exactly first, so
+       the planes are those of the scalar loop too. */
     GS3D_ALWAYS_INLINE void gs3d_tile_planes_body(const float* qf, const uint16_t* qh,
                                                   const int xk, Py_ssize_t qp, Py_ssize_t qc,
                                                   Py_ssize_t cnt, Py_ssize_t D, int align,
@@ -675,6 +675,8 @@ cdef extern from *:
         const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
         /* four channels contiguous in the input and the output: one 128-bit load per corner */
         const int rows4 = xk == 0 && xc == 1 && oc == 1 && C == 4;
+        if (xk && !rows)
+            return;     /* (never: half_rows admits 16-bit storage only here; x is NULL) */
         /* byte range of a corner row (x0 and x1 with their channels) from x0 */
         const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
         __m256 s, v, mv[3];
