@@ -364,9 +364,10 @@ cdef extern from *:
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
             _mm_loadu_si128((const __m128i*)(xh + off))), 16));
     }
-    GS3D_ALWAYS_INLINE float gs3d_q_ld(const float* qf, const uint16_t* qh, Py_ssize_t i,
-                                       const int xk) {
-        return xk == 0 ? qf[i] : gs3d_h_to_f32(qh[i], xk == 2);
+    /* one value (input, or a grid coordinate) as float32 (exact), as gs3d_cl_ld8 */
+    GS3D_ALWAYS_INLINE float gs3d_cl_ld1(const float* x, const uint16_t* xh, Py_ssize_t off,
+                                         const int xk) {
+        return xk == 0 ? x[off] : gs3d_h_to_f32(xh[off], xk == 2);
     }
     /* The depth planes [*lo, *hi] that the cnt (> 0) float32 points at q, q + qp, ... (z at
        q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
@@ -390,10 +391,10 @@ cdef extern from *:
         int l;
         for (p = 0; p < cnt; p += 4) {
             /* built in registers: a vector load of four separate stores would stall */
-            const __m128 zv = _mm_setr_ps(gs3d_q_ld(qf, qh, z + p * qp, xk),
-                                          gs3d_q_ld(qf, qh, z + (p + 1 < cnt ? p + 1 : e) * qp, xk),
-                                          gs3d_q_ld(qf, qh, z + (p + 2 < cnt ? p + 2 : e) * qp, xk),
-                                          gs3d_q_ld(qf, qh, z + (p + 3 < cnt ? p + 3 : e) * qp, xk));
+            const __m128 zv = _mm_setr_ps(gs3d_cl_ld1(qf, qh, z + p * qp, xk),
+                                          gs3d_cl_ld1(qf, qh, z + (p + 1 < cnt ? p + 1 : e) * qp, xk),
+                                          gs3d_cl_ld1(qf, qh, z + (p + 2 < cnt ? p + 2 : e) * qp, xk),
+                                          gs3d_cl_ld1(qf, qh, z + (p + 3 < cnt ? p + 3 : e) * qp, xk));
             gs3d_map4(_mm256_cvtps_pd(zv), sz, align, border, &fl, &fr, &ok, &m);
             /* key_of: z0 clamped to [0, D - 1], 0 when nothing is sampled (fl is then -2) */
             key = _mm256_min_pd(_mm256_max_pd(fl, zero), top);
@@ -516,16 +517,16 @@ cdef extern from *:
             const Py_ssize_t g = a * qc;
             if (k == 8) {
                 /* built in registers: a vector load of eight separate stores would stall */
-                c[a] = _mm256_setr_ps(gs3d_q_ld(q, qh, g, qk), gs3d_q_ld(q, qh, g + qp, qk),
-                                      gs3d_q_ld(q, qh, g + 2 * qp, qk),
-                                      gs3d_q_ld(q, qh, g + 3 * qp, qk),
-                                      gs3d_q_ld(q, qh, g + 4 * qp, qk),
-                                      gs3d_q_ld(q, qh, g + 5 * qp, qk),
-                                      gs3d_q_ld(q, qh, g + 6 * qp, qk),
-                                      gs3d_q_ld(q, qh, g + 7 * qp, qk));
+                c[a] = _mm256_setr_ps(gs3d_cl_ld1(q, qh, g, qk), gs3d_cl_ld1(q, qh, g + qp, qk),
+                                      gs3d_cl_ld1(q, qh, g + 2 * qp, qk),
+                                      gs3d_cl_ld1(q, qh, g + 3 * qp, qk),
+                                      gs3d_cl_ld1(q, qh, g + 4 * qp, qk),
+                                      gs3d_cl_ld1(q, qh, g + 5 * qp, qk),
+                                      gs3d_cl_ld1(q, qh, g + 6 * qp, qk),
+                                      gs3d_cl_ld1(q, qh, g + 7 * qp, qk));
             } else {
                 for (l = 0; l < 8; l++)
-                    t[l] = l < k ? gs3d_q_ld(q, qh, g + l * qp, qk) : NAN;
+                    t[l] = l < k ? gs3d_cl_ld1(q, qh, g + l * qp, qk) : NAN;
                 c[a] = _mm256_loadu_ps(t);
             }
         }
@@ -1209,11 +1210,6 @@ cdef extern from *:
             if ((sm >> (2 * r)) & 3)
                 gs3d_cl_span((const char*)(a->A + a->ab[k] + a->ad[2 * r]) + a->pa_lo, a->pa_n);
         }
-    }
-    /* one input value as float32 (exact), as gs3d_cl_ld8 */
-    GS3D_ALWAYS_INLINE float gs3d_cl_ld1(const float* x, const uint16_t* xh, Py_ssize_t off,
-                                         const int xk) {
-        return xk == 0 ? x[off] : gs3d_h_to_f32(xh[off], xk == 2);
     }
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_dot(const gs3d_cl_args* a, const float* go, Py_ssize_t off,
                                           Py_ssize_t C, const int xk) {

@@ -2225,17 +2225,17 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                                 >= g.D * g.H * g.W * g.C
                                 and dense_strides(&g.ds[1], dims, 4))
                 slabs_repeat = False
-                if g.mode == MODE_BILINEAR and ntiles >= 2 and points_split and g.C == 1:
-                    # one channel: the points are always split (SPLIT_ONE_CHANNEL)
-                    slabs_repeat = True
-                elif (g.mode == MODE_BILINEAR and ntiles >= 2
-                        and (points_split or (nthreads > 1 and want_dg))):
-                    # whether two depth slabs would make both threads set up most tiles:
-                    # judged for two slabs at every thread count, so that the choice of the
-                    # split of the points, and the results, never depend on it
-                    sb = bounds if nt == 2 else two      # the slabs' own bounds at two
-                    choose_slabs(q, gp, n, 2, sb, cost)
-                    slabs_repeat = split_pays(q, gp, n, ntiles, hull, sb)
+                if g.mode == MODE_BILINEAR and ntiles >= 2:
+                    if points_split and g.C == 1:
+                        # one channel: the points are always split (SPLIT_ONE_CHANNEL)
+                        slabs_repeat = True
+                    elif points_split or (nthreads > 1 and want_dg):
+                        # whether two depth slabs would make both threads set up most tiles:
+                        # judged for two slabs at every thread count, so that the choice of
+                        # the split of the points, and the results, never depend on it
+                        sb = bounds if nt == 2 else two      # the slabs' own bounds at two
+                        choose_slabs(q, gp, n, 2, sb, cost)
+                        slabs_repeat = split_pays(q, gp, n, ntiles, hull, sb)
                 if slabs_repeat:
                     if points_split:
                         # two halves of the points, each scattered in order into its own
