@@ -45,6 +45,8 @@ cdef extern from *:
     #else
     #define GS3D_ALWAYS_INLINE static inline
     #endif
+    /* the most channels gs3d_backward_cl_avx2 converts 16-bit grad_output for in place */
+    #define GS3D_CL_GOBUF 64
     /* Prefetch hints.  On x86 they are volatile asm: gcc deems __builtin_prefetch free of side
        effects, so a helper made only of prefetches counts as a pure function and its calls are
        deleted as dead code (gcc 12 -O1 and up dropped every prefetch of these kernels that
@@ -282,12 +284,15 @@ cdef extern from *:
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi;
         int align, border, do_dx, do_dg, own_all;
     } gs3d_bwd_args;
-    /* arguments of gs3d_setup_tile_f: cnt float32 points at q, q + qp, ... (coordinate stride
-       qc), the input's sizes and strides sx, sy, sz from offset xo (the batch item's), the
+    /* arguments of gs3d_setup_tile_f: cnt points at q, q + qp, ... (coordinate stride qc),
+       float32, or 16-bit at qh of kind qk (1 float16, 2 bfloat16; converted exactly), the
+       input's sizes and strides sx, sy, sz from offset xo (the batch item's), the
        accumulator's ax, ay, az, the depth slab [zlo, zhi) (all_planes: every plane) and
        setup_tile's options; out: setup_tile's arrays of a Tile of ``tile`` points */
     typedef struct {
         const float* q;
+        const uint16_t* qh;
+        int qk;
         Py_ssize_t qp, qc, W, H, D, xo, sx, sy, sz, ax, ay, az, zlo, zhi;
         int align, border, all_planes, do_dx, do_dg, own_all, cnt, tile;
         Py_ssize_t *xb, *ab;
@@ -298,7 +303,8 @@ cdef extern from *:
     typedef struct {
         const float* x; float* A; const float* go; float* dq;
         const uint16_t* xh;     /* 16-bit input (x unused), of kind xkind: 1 float16, 2 bfloat16 */
-        float* gq;              /* with xh: grid gradients go to gq[3 i + axis], not to dq */
+        const uint16_t* goh;    /* with xh and not staged: grad_output, 16-bit (go unused) */
+        uint16_t* dqh;          /* with xh: the grid gradient, 16-bit (dq unused) */
         const Py_ssize_t *ob, *oq, *xb, *ab, *xd, *ad;
         const double *f, *w, *mult;
         const unsigned char *vd, *vs, *own;
@@ -847,8 +853,12 @@ cdef extern from *:
         unsigned char v, slab;
         for (p = 0; p < a->cnt; p += 8) {
             k = a->cnt - p < 8 ? (int)(a->cnt - p) : 8;
-            gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align, a->border,
-                      idx, m, w, ok, mult);
+            if (a->qk == 0)
+                gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
+                          a->border, idx, m, w, ok, mult);
+            else
+                gs3d_map8(NULL, a->qh + p * a->qp, a->qk, a->qp, a->qc, k, a->W, a->H, a->D,
+                          a->align, a->border, idx, m, w, ok, mult);
             vdv = _mm256_setzero_si256();
             for (j = 0; j < 8; j++) {
                 vdv = _mm256_or_si256(vdv, _mm256_and_si256(gs3d_corner_mask8(m, j),
@@ -1194,10 +1204,12 @@ cdef extern from *:
        zero vector, never a read.  The grid gradient is grid_grad_of's (the sum factored by
        axis when all eight corners are in bounds, else the signed sum over corners), computed
        for eight points at once (gs3d_grid_grad8, shared with the gather backward); the
-       scatter is gs3d_axpy_f's, corner by corner, point by point in order.  16-bit storage (xkind 1 or 2): the input
-       is read as gs3d_dot_h reads it (eight values converted exactly), grad_output comes
-       already converted (staged: go + C i for point i) and the grid gradient, in float32, goes
-       to gq for the caller to round.  The caller has prefetched the first ``ahead`` points. */
+       scatter is gs3d_axpy_f's, corner by corner, point by point in order.  16-bit storage
+       (xkind 1 or 2): the input is read as gs3d_dot_h reads it (eight values converted
+       exactly), grad_output comes already converted (staged: go + C i for point i) or is
+       converted point by point into a buffer of GS3D_CL_GOBUF floats (at most that many
+       channels), and the grid gradient is rounded by gs3d_store8_h (st's bits) into dqh.
+       The caller has prefetched the first ``ahead`` points. */
     /* prefetch_corners for point k: the rows it gathers from and scatters into */
     GS3D_ALWAYS_INLINE void gs3d_cl_prefetch(const gs3d_cl_args* a, int k) {
         const unsigned gm = a->own[k] ? a->vd[k] : 0, sm = a->vs[k];
@@ -1239,7 +1251,8 @@ cdef extern from *:
     GS3D_ALWAYS_INLINE void gs3d_cl_run(const gs3d_cl_args* a, const Py_ssize_t C, const int xk) {
         const Py_ssize_t T = a->tile, qc = a->qc;
         const int cnt = a->cnt;
-        float gx8[8], gy8[8], gz8[8];
+        float gx8[8], gy8[8], gz8[8], gbuf[GS3D_CL_GOBUF];
+        uint16_t hx8[8], hy8[8], hz8[8];
         unsigned char vd8[8];
         __m256 R[8], v[8], d[8], w6[6], e, h, gx, gy, gz;
         __m256i vdv, mj[8], mall;
@@ -1263,6 +1276,12 @@ cdef extern from *:
                 const float* go = a->staged ? a->go + C * i : a->go + a->ob[i];
                 if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
                     gs3d_cl_prefetch(a, k);
+                if (xk && !a->staged) {
+                    go = gbuf;
+                    if (vs | vd)
+                        for (c = 0; c < C; c += 8)
+                            _mm256_storeu_ps(gbuf + c, gs3d_cl_ld8(NULL, a->goh, a->ob[i] + c, xk));
+                }
                 if (own) {
                     gm |= 1u << l;
                     vd8[l] = (unsigned char)vd;
@@ -1310,16 +1329,25 @@ cdef extern from *:
             for (j = 0; j < 6; j++)
                 w6[j] = gs3d_cl_ld8d(a->f + j * T, i0, n);
             gs3d_grid_grad8(d, w6, mj, mall, &gx, &gy, &gz);
-            _mm256_storeu_ps(gx8, _mm256_mul_ps(gs3d_cl_ld8d(a->mult, i0, n), gx));
-            _mm256_storeu_ps(gy8, _mm256_mul_ps(gs3d_cl_ld8d(a->mult + T, i0, n), gy));
-            _mm256_storeu_ps(gz8, _mm256_mul_ps(gs3d_cl_ld8d(a->mult + 2 * T, i0, n), gz));
+            gx = _mm256_mul_ps(gs3d_cl_ld8d(a->mult, i0, n), gx);
+            gy = _mm256_mul_ps(gs3d_cl_ld8d(a->mult + T, i0, n), gy);
+            gz = _mm256_mul_ps(gs3d_cl_ld8d(a->mult + 2 * T, i0, n), gz);
+            if (xk) {
+                gs3d_store8_h(gx, hx8, xk == 2);
+                gs3d_store8_h(gy, hy8, xk == 2);
+                gs3d_store8_h(gz, hz8, xk == 2);
+            } else {
+                _mm256_storeu_ps(gx8, gx);
+                _mm256_storeu_ps(gy8, gy);
+                _mm256_storeu_ps(gz8, gz);
+            }
             for (l = 0; l < n; l++) {
                 if ((gm >> l) & 1) {
                     i = i0 + l;
                     if (xk) {
-                        a->gq[3 * i] = gx8[l];
-                        a->gq[3 * i + 1] = gy8[l];
-                        a->gq[3 * i + 2] = gz8[l];
+                        a->dqh[a->oq[i]] = hx8[l];
+                        a->dqh[a->oq[i] + qc] = hy8[l];
+                        a->dqh[a->oq[i] + 2 * qc] = hz8[l];
                     } else {
                         a->dq[a->oq[i]] = gx8[l];
                         a->dq[a->oq[i] + qc] = gy8[l];
@@ -1568,6 +1596,8 @@ cdef extern from *:
     void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) noexcept nogil
     ctypedef struct gs3d_setup_args:
         const float* q
+        const uint16_t* qh
+        int qk
         Py_ssize_t qp, qc, W, H, D, xo, sx, sy, sz, ax, ay, az, zlo, zhi
         int align, border, all_planes, do_dx, do_dg, own_all, cnt, tile
         Py_ssize_t* xb
@@ -1592,7 +1622,8 @@ cdef extern from *:
         const float* go
         float* dq
         const uint16_t* xh
-        float* gq
+        const uint16_t* goh
+        uint16_t* dqh
         const Py_ssize_t* ob
         const Py_ssize_t* oq
         const Py_ssize_t* xb
@@ -1641,6 +1672,7 @@ cdef extern from *:
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     int GS3D_HAVE_HALF_SIMD
+    int GS3D_CL_GOBUF
     float gs3d_dot_h(const float* go, const uint16_t* x, Py_ssize_t C, int bf) noexcept nogil
     void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil

@@ -51,7 +51,7 @@ from gs3d._helpers cimport (
     HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
-    GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2,
+    GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_tile_planes_f, gs3d_tile_planes_h, gs3d_transpose_f,
     gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
 )
@@ -713,9 +713,9 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     eight corner weights as loops over the whole tile.  Weights are computed in the compute
     type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
     exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
-    through (at most prefetched, which cannot fault).  float32 points at a fixed step under
-    zeros/border padding take gs3d_setup_tile_f (eight points at a time, the same arrays and
-    bits) in the SIMD builds.
+    through (at most prefetched, which cannot fault).  float32 or 16-bit points at a fixed step
+    under zeros/border padding take gs3d_setup_tile_f (eight points at a time, the same arrays
+    and bits; 16-bit coordinates converted exactly) in the SIMD builds.
     """
     cdef Py_ssize_t key, x0, y0, z0
     cdef int i, j
@@ -733,14 +733,19 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     row_span(g.xs[3], g.C, g.xs[4], sizeof(store_t), &t.px_lo, &t.px_n)
     row_span(As[2], g.C, As[3], sizeof(acc_t), &t.pa_lo, &t.pa_n)
     all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
-    if store_t is float and acc_t is float:
-        if (GS3D_HAVE_SIMD_GATHER and g.padding != PAD_REFLECTION
+    if store_t is not double and acc_t is float:
+        if (GS3D_HAVE_SIMD_GATHER and (store_t is float or GS3D_HAVE_HALF_SIMD)
+                and g.padding != PAD_REFLECTION
                 and max(g.W, max(g.H, g.D)) <= <Py_ssize_t>SETUP8_MAX_SIZE
                 and flat_points(g.qs, g, &sa.qp)):
             # eight points at a time in C (gs3d_setup_tile_f), the same arrays and bits; its
             # corner indices are int32 (every index in [-2, size + 1] must fit)
             tile_points(q, g, n, p0, cnt, False, t)
-            sa.q = &q[n * g.qs[0] + p0 * sa.qp]
+            if store_t is float:
+                sa.q, sa.qh, sa.qk = &q[n * g.qs[0] + p0 * sa.qp], NULL, 0
+            else:
+                sa.q, sa.qh = NULL, &q[n * g.qs[0] + p0 * sa.qp]
+                sa.qk = 2 if g.half_kind == HALF_BF16 else 1
             sa.qc, sa.W, sa.H, sa.D = g.qs[4], g.W, g.H, g.D
             sa.xo, sa.sx, sa.sy, sa.sz = n * g.xs[0], g.xs[3], g.xs[2], g.xs[1]
             sa.ax, sa.ay, sa.az, sa.zlo, sa.zhi = As[2], As[1], As[0], zlo, zhi
@@ -1608,15 +1613,14 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         return
     if xc == 1 and (ac == 1 or not do_dx):
         # the loop below in C with AVX2 (gs3d_backward_cl_avx2), same bits.  grad_output is
-        # read in place (float32, channel stride 1) or first staged into ``dots`` as float32,
-        # C values per point; 16-bit storage gets the grid gradient in float32 after them
-        # (3 values per point) and rounds it here
-        if acc_t is float:
-            staged, extra, cl_ok = True, 3, GS3D_HAVE_HALF_SIMD
-            if store_t is float:
-                staged, extra, cl_ok = gc != 1, 0, True
+        # read in place when its channel stride is 1 (16-bit: converted there, at most
+        # GS3D_CL_GOBUF channels), else first staged into ``dots`` as float32, C values per
+        # point
+        if acc_t is float and store_t is not double:
+            staged = gc != 1
+            cl_ok = store_t is float or (GS3D_HAVE_HALF_SIMD and C <= GS3D_CL_GOBUF)
             if (cl_ok and GS3D_HAVE_SIMD_GATHER and C % 8 == 0
-                    and (not staged or (C + extra) * TILE <= STAGE)):
+                    and (not staged or C * TILE <= STAGE)):
                 memset(&cl, 0, sizeof(cl))
                 cl.A, cl.ob, cl.oq, cl.xb, cl.ab = A, t.ob, t.oq, t.xb, t.ab
                 cl.xd, cl.ad = t.xd, t.ad
@@ -1625,11 +1629,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 cl.px_lo, cl.px_n, cl.pa_lo, cl.pa_n = t.px_lo, t.px_n, t.pa_lo, t.pa_n
                 cl.cnt, cl.tile, cl.ahead, cl.staged = cnt, TILE, ahead, staged
                 if staged:
-                    if gc == 1:
-                        for i in range(cnt):
-                            if t.vs[i] or (t.own[i] and t.vd[i]):
-                                load_channels(grad, t.ob[i], C, hk, &dots[i * C])
-                    elif store_t is not double and flat_points(g.gs, g, &pstep) and pstep == 1:
+                    if flat_points(g.gs, g, &pstep) and pstep == 1:
                         # the tile's points consecutive in each channel plane (NCDHW): every
                         # point staged by 8 x 8 transpositions (unflagged ones are never read),
                         # the next tile's channel rows prefetched
@@ -1648,14 +1648,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                     cl.x, cl.go, cl.dq, cl.xkind = x, dots if staged else grad, dq, 0
                     gs3d_backward_cl_avx2(&cl)
                     return
-                elif store_t is not double:
-                    cl.xh, cl.go, cl.gq = x, dots, &dots[C * TILE]
+                else:
+                    cl.xh, cl.goh, cl.go, cl.dqh = x, grad, dots, dq
                     cl.xkind = 2 if hk == HALF_BF16 else 1
                     gs3d_backward_cl_avx2(&cl)
-                    for i in range(cnt):
-                        if t.own[i]:
-                            for j in range(3):
-                                st(dq, t.oq[i] + j * g.os[4], dots[C * TILE + 3 * i + j], hk)
                     return
         # channels contiguous in the input and the accumulator (NDHWC, or the channels-last
         # copies of NCDHW): per point, short vector loops over the channels of each corner.
