@@ -219,6 +219,14 @@ def build_pairs(quick: bool) -> List[Tuple[str, Case, Case]]:
         for grid in ("smooth", "random"):
             pairs.append(("deterministic on / off", case(key, grid=grid, deterministic=True),
                           case(key, grid=grid, deterministic=False)))
+    # half precision against float32 on the same values (the float32 arrays rounded), on the
+    # shapes of the dtype cases
+    for dt in ("f16", "bf16"):
+        for key in ("A",) if quick else ("A", "E"):
+            for layout in ("NCDHW", "NDHWC"):
+                for grid in ("smooth", "random"):
+                    pairs.append((f"{dt} / f32", case(key, layout=layout, grid=grid, dtype=dt),
+                                  case(key, layout=layout, grid=grid)))
     return pairs
 
 
@@ -552,9 +560,11 @@ def time_case(c: Case, budget: float, max_reps: int, extra_warm: int = 2) -> Dic
 
 
 def time_pair(what: str, a: Case, b: Case, reps: int) -> Dict[str, Any]:
-    """gs3d under configurations a and b on the same arrays, alternating, after warm-ups."""
+    """gs3d under configurations a and b on the same arrays (of each one's dtype: the same
+    seeded values, rounded), alternating, after warm-ups."""
     data = make_data(a)
-    run_a, run_b = make_runners(a, data)[0], make_runners(b, data)[0]
+    run_a = make_runners(a, data)[0]
+    run_b = make_runners(b, data if b.dtype == a.dtype else make_data(b))[0]
     for _ in range(2):
         run_a(); run_b()
     with _gc_paused():
