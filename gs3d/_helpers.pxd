@@ -283,6 +283,13 @@ cdef extern from *:
         const float* x; float* A; const float* q; const float* go; float* dq;
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi;
         int align, border, do_dx, do_dg, own_all;
+        /* 16-bit storage (xk 1 float16, 2 bfloat16; 0: float32): input, grid, grad_output
+           and grid_grad at xh, qh, goh, dqh instead of x, q, go, dq (the accumulator A stays
+           float32); xlast: the offset from xh of the input's highest-addressed element */
+        const uint16_t *xh, *qh, *goh;
+        uint16_t* dqh;
+        int xk;
+        Py_ssize_t xlast;
     } gs3d_bwd_args;
     /* arguments of gs3d_setup_tile_f: cnt points at q, q + qp, ... (coordinate stride qc),
        float32, or 16-bit at qh of kind qk (1 float16, 2 bfloat16; converted exactly), the
@@ -369,6 +376,38 @@ cdef extern from *:
     #endif
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(
             _mm_loadu_si128((const __m128i*)(xh + off))), 16));
+    }
+    /* The input values at element offsets off (lanes in mask m; the others 0) as float32:
+       float32 x (xk 0) by a masked gather; 16-bit xh (xk 1 float16, 2 bfloat16) by a masked
+       gather of the 32-bit word at each offset, whose low half is the value (x86 is
+       little-endian), converted exactly.  That word reaches one element further, so a lane at
+       ``last``, the highest-addressed element of the array (an offset from xh), is read on its
+       own instead. */
+    GS3D_ALWAYS_INLINE __m256 gs3d_gather8(const float* x, const uint16_t* xh, const int xk,
+                                           __m256i off, __m256i m, Py_ssize_t last) {
+        __m256i edge, w;
+        int e, l, wv[8];
+        if (xk == 0)
+            return _mm256_mask_i32gather_ps(_mm256_setzero_ps(), x, off, _mm256_castsi256_ps(m), 4);
+        edge = last > 2147483647 ? _mm256_setzero_si256()
+            : _mm256_and_si256(m, _mm256_cmpeq_epi32(off, _mm256_set1_epi32((int)last)));
+        w = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), (const int*)xh, off,
+                                        _mm256_andnot_si256(edge, m), 2);
+        e = _mm256_movemask_ps(_mm256_castsi256_ps(edge));
+        if (e) {
+            _mm256_storeu_si256((__m256i*)wv, w);
+            for (l = 0; l < 8; l++)
+                if ((e >> l) & 1)
+                    wv[l] = xh[last];
+            w = _mm256_loadu_si256((const __m256i*)wv);
+        }
+        if (xk == 2)
+            return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+        /* the low halves of the eight words, packed in order */
+        w = _mm256_shuffle_epi8(w, _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1,
+                                                    -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1,
+                                                    -1, -1, -1, -1, -1, -1));
+        return _mm256_cvtph_ps(_mm256_castsi256_si128(_mm256_permute4x64_epi64(w, 0x08)));
     }
     /* one value (input, or a grid coordinate) as float32 (exact), as gs3d_cl_ld8 */
     GS3D_ALWAYS_INLINE float gs3d_cl_ld1(const float* x, const uint16_t* xh, Py_ssize_t off,
@@ -673,8 +712,9 @@ cdef extern from *:
                                      const uint16_t* qh, Py_ssize_t qp,
                                      Py_ssize_t qc, float* out, uint16_t* outh, Py_ssize_t op,
                                      Py_ssize_t oc, Py_ssize_t cnt, int align, int border,
-                                     int prefetch) {
+                                     int prefetch, Py_ssize_t xlast) {
         float r[8];
+        uint16_t rh[8];
         gs3d_block8 blk[8];
         __m256i idx[3], m, okv[3];
         /* channels contiguous in the input and the output (or the output's points at step 1),
@@ -682,8 +722,6 @@ cdef extern from *:
         const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
         /* four channels contiguous in the input and the output: one 128-bit load per corner */
         const int rows4 = xk == 0 && xc == 1 && oc == 1 && C == 4;
-        if (xk && !rows)
-            return;     /* (never: half_rows admits 16-bit storage only here; x is NULL) */
         /* byte range of a corner row (x0 and x1 with their channels) from x0 */
         const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
         __m256 s, v, mv[3];
@@ -811,16 +849,25 @@ cdef extern from *:
                     continue;
                 }
                 for (c = 0; c < C; c++) {
-                    const float* xcp = x + c * xc;
+                    const float* xcp = xk ? NULL : x + c * xc;
+                    const uint16_t* xhp = xk ? xh + c * xc : NULL;
                     s = _mm256_setzero_ps();
                     for (j = 0; j < 8; j++) {
                         m = mj[j];
-                        v = _mm256_mask_i32gather_ps(_mm256_setzero_ps(), xcp, oj[j],
-                                                     _mm256_castsi256_ps(m), 4);
+                        v = gs3d_gather8(xcp, xhp, xk, oj[j], m, xlast - c * xc);
                         s = _mm256_blendv_ps(s, _mm256_add_ps(s, _mm256_mul_ps(wj[j], v)),
                                              _mm256_castsi256_ps(m));
                     }
-                    if (k == 8 && op == 1) {
+                    if (xk) {
+                        /* rounded once, as st() rounds */
+                        if (k == 8 && op == 1) {
+                            gs3d_store8_h(s, outh + p + c * oc, xk == 2);
+                        } else {
+                            gs3d_store8_h(s, rh, xk == 2);
+                            for (l = 0; l < k; l++)
+                                outh[(p + l) * op + c * oc] = rh[l];
+                        }
+                    } else if (k == 8 && op == 1) {
                         _mm256_storeu_ps(out + p + c * oc, s);
                     } else {
                         _mm256_storeu_ps(r, s);
@@ -908,27 +955,33 @@ cdef extern from *:
                                      Py_ssize_t cnt, int align, int border, int prefetch) {
         if (C == 1)
             gs3d_forward_gather_body(x, NULL, 0, sx, sy, sz, W, H, D, 1, xc, q, NULL, qp, qc,
-                                     out, NULL, op, oc, cnt, align, border, prefetch);
+                                     out, NULL, op, oc, cnt, align, border, prefetch, 0);
         else
             gs3d_forward_gather_body(x, NULL, 0, sx, sy, sz, W, H, D, C, xc, q, NULL, qp, qc,
-                                     out, NULL, op, oc, cnt, align, border, prefetch);
+                                     out, NULL, op, oc, cnt, align, border, prefetch, 0);
     }
     /* The same for 16-bit storage (float16, or bfloat16 with ``bf``): input, grid and output,
        the values converted exactly, summed in float32 and rounded once, as the tile loop does;
-       only its point-by-point branch (C a multiple of 8, channels contiguous in the input and
-       the output or the output's points at step 1), without prefetching. */
+       without prefetching.  ``xlast``: the offset from x of the array's highest-addressed
+       element (see gs3d_gather8).  One channel gets its own copies too. */
     static void gs3d_forward_gather_h(const uint16_t* x, Py_ssize_t sx, Py_ssize_t sy,
                                       Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
                                       Py_ssize_t C, Py_ssize_t xc, const uint16_t* q,
                                       Py_ssize_t qp, Py_ssize_t qc, uint16_t* out, Py_ssize_t op,
                                       Py_ssize_t oc, Py_ssize_t cnt, int align, int border,
-                                      int bf) {
-        if (bf)
+                                      int bf, Py_ssize_t xlast) {
+        if (bf && C == 1)
+            gs3d_forward_gather_body(NULL, x, 2, sx, sy, sz, W, H, D, 1, xc, NULL, q, qp, qc,
+                                     NULL, out, op, oc, cnt, align, border, 0, xlast);
+        else if (bf)
             gs3d_forward_gather_body(NULL, x, 2, sx, sy, sz, W, H, D, C, xc, NULL, q, qp, qc,
-                                     NULL, out, op, oc, cnt, align, border, 0);
+                                     NULL, out, op, oc, cnt, align, border, 0, xlast);
+        else if (C == 1)
+            gs3d_forward_gather_body(NULL, x, 1, sx, sy, sz, W, H, D, 1, xc, NULL, q, qp, qc,
+                                     NULL, out, op, oc, cnt, align, border, 0, xlast);
         else
             gs3d_forward_gather_body(NULL, x, 1, sx, sy, sz, W, H, D, C, xc, NULL, q, qp, qc,
-                                     NULL, out, op, oc, cnt, align, border, 0);
+                                     NULL, out, op, oc, cnt, align, border, 0, xlast);
     }
     /* The float32 backward under bilinear zeros/border padding for up to 7 channels
        (BWD_GATHER_MAX_C), eight points per step with AVX2: the bits of setup_tile +
@@ -942,7 +995,9 @@ cdef extern from *:
        contiguous channels), so that every element receives its contributions
        in the order of the tile loop.  Corners are scattered only where their
        depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
-       plane (key_of) is there, unless own_all. */
+       plane (key_of) is there, unless own_all.  16-bit storage runs the same operations on its
+       values converted exactly (input gathered by gs3d_gather8), scatters into a float32
+       accumulator and rounds the grid gradient once (gs3d_store8_h, st's bits). */
     /* grid_grad_of for eight points, one per lane: d[j] the channel dots of corner j, w the
        weights wx0 wx1 wy0 wy1 wz0 wz1, mj[j] corner j in bounds, mall all eight in bounds.
        The sum factored by axis where every corner is in bounds, else the signed sum over the
@@ -996,8 +1051,11 @@ cdef extern from *:
         int ownb, slabb;    /* lanes with grid-gradient / input-gradient work for this call */
     } gs3d_bblock8;
     GS3D_ALWAYS_INLINE void gs3d_backward_gather_body(const gs3d_bwd_args* a, Py_ssize_t cnt,
-                                                      const Py_ssize_t C) {
+                                                      const Py_ssize_t C, const int h) {
+        /* h: 16-bit storage, of kind xk (else float32, xk 0) */
+        const int xk = h ? a->xk : 0;
         float gx8[8], gy8[8], gz8[8], wa[8][8], gov[8][8];
+        uint16_t hx8[8], hy8[8], hz8[8];
         int oa[8][8], own8[8];
         unsigned vsb[8];
         gs3d_bblock8 blk[8];
@@ -1016,8 +1074,9 @@ cdef extern from *:
                 __m256i vld;
                 p = p0 + 8 * b;
                 k = cnt - p < 8 ? (int)(cnt - p) : 8;
-                gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
-                          a->border, idx, B->m, B->w, okv, mv);
+                gs3d_map8(h ? NULL : a->q + p * a->qp, h ? a->qh + p * a->qp : NULL, xk, a->qp,
+                          a->qc, k, a->W, a->H, a->D, a->align, a->border, idx, B->m, B->w, okv,
+                          mv);
                 vld = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
                 for (l = 0; l < 3; l++)
                     B->mult[l] = _mm256_and_ps(mv[l], _mm256_castsi256_ps(vld));
@@ -1045,7 +1104,8 @@ cdef extern from *:
                 slabb = a->do_dx ? _mm256_movemask_ps(_mm256_castsi256_ps(slab)) : 0;
                 B->ownb = ownb & ((1 << k) - 1);
                 B->slabb = slabb & ((1 << k) - 1);
-                gs3d_prefetch_corner_rows8(a->x, B->base, (unsigned)B->ownb, sy, sz);
+                if (!h)         /* (the hints count float32 offsets) */
+                    gs3d_prefetch_corner_rows8(a->x, B->base, (unsigned)B->ownb, sy, sz);
                 gs3d_prefetch_corner_rows8(a->A, B->abase, (unsigned)B->slabb, ay, az);
             }
             for (b = 0; b < nb; b++) {
@@ -1057,8 +1117,23 @@ cdef extern from *:
                 for (c = 0; c < C; c++) {
                     /* built in registers (eight scalar stores read back as one vector would
                        stall store forwarding), lanes past k zero */
-                    const float* gs = a->go + p * a->gp + c * a->gc;
                     const Py_ssize_t gp = a->gp;
+                    if (h) {
+                        /* 16-bit: converted exactly */
+                        const uint16_t* gs = a->goh + p * gp + c * a->gc;
+                        if (k == 8 && gp == 1) {
+                            g[c] = gs3d_cl_ld8(NULL, gs, 0, xk);
+                        } else {
+                            float t8[8];
+                            for (l = 0; l < 8; l++)
+                                t8[l] = l < k ? gs3d_cl_ld1(NULL, gs, l * gp, xk) : 0.0f;
+                            g[c] = _mm256_loadu_ps(t8);
+                        }
+                        if (C != 1)
+                            _mm256_storeu_ps(gov[c], g[c]);
+                        continue;
+                    }
+                    const float* gs = a->go + p * a->gp + c * a->gc;
                     if (k == 8 && gp == 1)
                         g[c] = _mm256_loadu_ps(gs);
                     else if (k == 8)
@@ -1086,23 +1161,42 @@ cdef extern from *:
                             (int)((j >> 2) * sz + ((j >> 1) & 1) * sy + (j & 1) * sx)));
                         acc = zero;
                         for (c = 0; c < C; c++) {
-                            v = _mm256_mask_i32gather_ps(zero, a->x + c * a->xc, off,
-                                                         _mm256_castsi256_ps(mg), 4);
+                            v = gs3d_gather8(h ? NULL : a->x + c * a->xc,
+                                             h ? a->xh + c * a->xc : NULL, xk, off, mg,
+                                             a->xlast - c * a->xc);
                             acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], v));
                         }
                         d[j] = _mm256_add_ps(acc, zero);
                     }
                     gs3d_grid_grad8(d, B->w, mj, mall, &gx, &gy, &gz);
-                    _mm256_storeu_ps(gx8, _mm256_mul_ps(B->mult[0], gx));
-                    _mm256_storeu_ps(gy8, _mm256_mul_ps(B->mult[1], gy));
-                    _mm256_storeu_ps(gz8, _mm256_mul_ps(B->mult[2], gz));
+                    gx = _mm256_mul_ps(B->mult[0], gx);
+                    gy = _mm256_mul_ps(B->mult[1], gy);
+                    gz = _mm256_mul_ps(B->mult[2], gz);
                     _mm256_storeu_si256((__m256i*)own8, own);
-                    for (l = 0; l < k; l++) {
-                        if (own8[l]) {
-                            float* o = a->dq + (p + l) * a->dp;
-                            o[0] = gx8[l];
-                            o[a->dc] = gy8[l];
-                            o[2 * a->dc] = gz8[l];
+                    if (h) {
+                        /* rounded once, as st() rounds */
+                        gs3d_store8_h(gx, hx8, xk == 2);
+                        gs3d_store8_h(gy, hy8, xk == 2);
+                        gs3d_store8_h(gz, hz8, xk == 2);
+                        for (l = 0; l < k; l++) {
+                            if (own8[l]) {
+                                uint16_t* o = a->dqh + (p + l) * a->dp;
+                                o[0] = hx8[l];
+                                o[a->dc] = hy8[l];
+                                o[2 * a->dc] = hz8[l];
+                            }
+                        }
+                    } else {
+                        _mm256_storeu_ps(gx8, gx);
+                        _mm256_storeu_ps(gy8, gy);
+                        _mm256_storeu_ps(gz8, gz);
+                        for (l = 0; l < k; l++) {
+                            if (own8[l]) {
+                                float* o = a->dq + (p + l) * a->dp;
+                                o[0] = gx8[l];
+                                o[a->dc] = gy8[l];
+                                o[2 * a->dc] = gz8[l];
+                            }
                         }
                     }
                 }
@@ -1156,7 +1250,7 @@ cdef extern from *:
                         /* four contiguous channels: one 128-bit read-modify-write per corner,
                            dst[c] + w * go[c] lane by lane as below */
                         for (l = 0; l < k; l++) {
-                            const __m128 gv = a->gc == 1
+                            const __m128 gv = a->gc == 1 && !h
                                 ? _mm_loadu_ps(a->go + (p + l) * a->gp)
                                 : _mm_setr_ps(gov[0][l], gov[1][l], gov[2][l], gov[3][l]);
                             for (j = 0; j < 8; j++) {
@@ -1187,12 +1281,16 @@ cdef extern from *:
        channel loops folded away; same operations in the same order, so the same bits.  (The
        caller stops at BWD_GATHER_MAX_C = 7 channels, so no C = 8 copy.) */
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
-        if (a->C == 1)
-            gs3d_backward_gather_body(a, cnt, 1);
+        if (a->xk && a->C == 1)
+            gs3d_backward_gather_body(a, cnt, 1, 1);
+        else if (a->xk)
+            gs3d_backward_gather_body(a, cnt, a->C, 1);
+        else if (a->C == 1)
+            gs3d_backward_gather_body(a, cnt, 1, 0);
         else if (a->C == 4)
-            gs3d_backward_gather_body(a, cnt, 4);
+            gs3d_backward_gather_body(a, cnt, 4, 0);
         else
-            gs3d_backward_gather_body(a, cnt, a->C);
+            gs3d_backward_gather_body(a, cnt, a->C, 0);
     }
     /* The consuming loop of backward_tile for float32 with contiguous channels in the input,
        the accumulator and grad_output and C a multiple of 8 (AVX2 build): the points of one
@@ -1540,10 +1638,10 @@ cdef extern from *:
                                       Py_ssize_t C, Py_ssize_t xc, const uint16_t* q,
                                       Py_ssize_t qp, Py_ssize_t qc, uint16_t* out, Py_ssize_t op,
                                       Py_ssize_t oc, Py_ssize_t cnt, int align, int border,
-                                      int bf) {
+                                      int bf, Py_ssize_t xlast) {
         (void)x; (void)sx; (void)sy; (void)sz; (void)W; (void)H; (void)D; (void)C; (void)xc;
         (void)q; (void)qp; (void)qc; (void)out; (void)op; (void)oc; (void)cnt; (void)align;
-        (void)border; (void)bf;
+        (void)border; (void)bf; (void)xlast;
     }
     static void gs3d_setup_tile_f(const gs3d_setup_args* a) { (void)a; }
     static void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) {
@@ -1593,6 +1691,12 @@ cdef extern from *:
         float* dq
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
         int align, border, do_dx, do_dg, own_all
+        const uint16_t* xh
+        const uint16_t* qh
+        const uint16_t* goh
+        uint16_t* dqh
+        int xk
+        Py_ssize_t xlast
     void gs3d_backward_gather_avx2(const gs3d_bwd_args* a, Py_ssize_t cnt) noexcept nogil
     ctypedef struct gs3d_setup_args:
         const float* q
@@ -1668,7 +1772,7 @@ cdef extern from *:
                                Py_ssize_t W, Py_ssize_t H, Py_ssize_t D, Py_ssize_t C,
                                Py_ssize_t xc, const uint16_t* q, Py_ssize_t qp, Py_ssize_t qc,
                                uint16_t* out, Py_ssize_t op, Py_ssize_t oc, Py_ssize_t cnt,
-                               int align, int border, int bf) noexcept nogil
+                               int align, int border, int bf, Py_ssize_t xlast) noexcept nogil
     float gs3d_dot_f(const float* go, const float* x, Py_ssize_t C) noexcept nogil
     double gs3d_dot_d(const double* go, const double* x, Py_ssize_t C) noexcept nogil
     int GS3D_HAVE_HALF_SIMD

@@ -80,6 +80,7 @@ cdef struct Geo:
     bint prefetch_bwd    # and in the backward (see PREFETCH_BWD_MIN_KIB)
     Py_ssize_t qp, op    # and its point strides of the grid and grad_output / the output
     Py_ssize_t dp        # and of grid_grad (backward)
+    Py_ssize_t xlast     # offset of the input's highest-addressed element (16-bit gathers)
 
 
 cdef enum:
@@ -303,6 +304,10 @@ cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssiz
         g.as_[k] = 0
     g.mode, g.padding, g.align, g.half_kind = mode, padding, align, half_kind
     g.simd_gather = False
+    g.xlast = 0
+    for k in range(5):
+        if xshape[k] > 0 and g.xs[k] > 0:
+            g.xlast += (xshape[k] - 1) * g.xs[k]
     kib = g.D * g.H * g.W * g.C * (isz if isz > 4 else 4) // 1024
     g.prefetch_fwd = kib > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
     g.prefetch_bwd = kib > <Py_ssize_t>PREFETCH_BWD_MIN_KIB
@@ -349,11 +354,11 @@ cdef void enable_simd_gather(Geo* g) noexcept nogil:
 
 
 cdef void half_rows(Geo* g) noexcept nogil:
-    """16-bit storage takes the gather forward (gs3d_forward_gather_h) only in its
-    point-by-point branch: C a multiple of 8, channels contiguous in the input, and in the
-    output or with the output's points at step 1."""
-    g.simd_gather = (g.simd_gather and GS3D_HAVE_HALF_SIMD and g.C % 8 == 0 and g.xs[4] == 1
-                     and (g.gs[4] == 1 or g.op == 1))
+    """16-bit storage takes the gather forward (gs3d_forward_gather_h) where float32 would,
+    except for more than GATHER_MAX_C channels that are not a multiple of 8 (the float32 rows
+    branch takes any C, the 16-bit one only multiples of 8)."""
+    g.simd_gather = (g.simd_gather and GS3D_HAVE_HALF_SIMD
+                     and (g.C <= GATHER_MAX_C or g.C % 8 == 0))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +377,7 @@ cdef bint channels_last_geo(Geo* g, Geo* gT, Py_ssize_t* As, bint few) noexcept 
     gT.xs[2] = As[1] = g.W * g.C
     gT.xs[3] = As[2] = g.C
     gT.xs[4] = As[3] = 1
+    gT.xlast = g.D * g.H * g.W * g.C - 1
     return True
 
 
@@ -906,7 +912,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             gs3d_forward_gather_h(&x[n * g.xs[0]], g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D,
                                   C, xc, &q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
                                   &out[n * g.gs[0] + p0 * g.op], g.op, oc, cnt, g.align,
-                                  g.padding == PAD_BORDER, g.half_kind == HALF_BF16)
+                                  g.padding == PAD_BORDER, g.half_kind == HALF_BF16,
+                                  g.xlast - n * g.xs[0])
             return
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
     # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_FWD_MIN_KIB)
@@ -1559,11 +1566,23 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
         return
-    if store_t is float and acc_t is float:
+    if store_t is not double and acc_t is float:
         if g.simd_gather:
-            ba.x, ba.A, ba.go, ba.dq = &x[n * g.xs[0]], A, &grad[n * g.gs[0] + p0 * g.op], \
-                &dq[n * g.os[0] + p0 * g.dp]
-            ba.q = &q[n * g.qs[0] + p0 * g.qp]
+            if store_t is float:
+                ba.x, ba.A, ba.go, ba.dq = &x[n * g.xs[0]], A, &grad[n * g.gs[0] + p0 * g.op], \
+                    &dq[n * g.os[0] + p0 * g.dp]
+                ba.q = &q[n * g.qs[0] + p0 * g.qp]
+                ba.xh = ba.qh = ba.goh = ba.dqh = NULL
+                ba.xk, ba.xlast = 0, 0
+            else:
+                # 16-bit storage: the same kernel, values converted exactly, grid gradient
+                # rounded once, input gradient in the float32 accumulator
+                ba.x = ba.q = ba.go = ba.dq = NULL
+                ba.A = A
+                ba.xh, ba.goh = &x[n * g.xs[0]], &grad[n * g.gs[0] + p0 * g.op]
+                ba.dqh, ba.qh = &dq[n * g.os[0] + p0 * g.dp], &q[n * g.qs[0] + p0 * g.qp]
+                ba.xk = 2 if hk == HALF_BF16 else 1
+                ba.xlast = g.xlast - n * g.xs[0]
             ba.sx, ba.sy, ba.sz, ba.xc = g.xs[3], g.xs[2], g.xs[1], g.xs[4]
             ba.ax, ba.ay, ba.az, ba.ac = As[2], As[1], As[0], As[3]
             ba.W, ba.H, ba.D, ba.C = g.W, g.H, g.D, C
@@ -2141,14 +2160,17 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
         in_dx = dense_strides(&g.ds[1], dims, 4) and g.mode == MODE_BILINEAR
     if cl and not in_dx and g.mode == MODE_BILINEAR:
         cl = nxcl >= g.D * g.H * g.W * g.C
+    if store_t is not double and not cl:
+        # the AVX2 gather path (float32 accumulates in dx itself, strides g.ds; 16-bit storage
+        # in its float32 accumulator, strides g.as_)
+        enable_simd_gather(g)
+        g.simd_gather = (g.simd_gather and g.C <= BWD_GATHER_MAX_C
+                         and (store_t is float or GS3D_HAVE_HALF_SIMD)
+                         and (not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
+                                                           else g.as_))
+                         and (not want_dg or flat_points(g.os, g, &g.dp)))
     if store_t is float:
-        if not cl:
-            # the AVX2 gather path (float32 accumulates in dx itself, strides g.ds)
-            enable_simd_gather(g)
-            g.simd_gather = (g.simd_gather and g.C <= BWD_GATHER_MAX_C
-                             and (not want_dx or int32_offsets(g, &g.ds[1]))
-                             and (not want_dg or flat_points(g.os, g, &g.dp)))
-        elif g.C <= BWD_GATHER_MAX_C:
+        if cl and g.C <= BWD_GATHER_MAX_C:
             # few channels through the copies (TRANSPOSE_FEW_MIN_C): the gather backward on
             # the copy, accumulating in the channels-last accumulator (the copy's strides)
             enable_simd_gather(&gT)

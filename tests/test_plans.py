@@ -487,7 +487,9 @@ def test_axes_beyond_int32_indices_agree_across_builds(W):
 def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
     """The AVX2 build converts float16 with F16C, the baseline with portable bit routines:
     all 65536 patterns must load alike, and sums of two of them must round alike (and as numpy
-    rounds them), with NaN written as the quiet NaN of its sign."""
+    rounds them), with NaN written as the quiet NaN of its sign.  Where both voxels are NaN, the
+    builds may keep either NaN's sign (README: where two NaNs meet in one sum; the SIMD builds
+    add eight points at a time, and the compiler may swap an addition's operands)."""
     bits = np.arange(65536, dtype=np.uint16)
     a = bits.view(np.float16)
     b = np.random.default_rng(11).permutation(bits).view(np.float16)
@@ -501,10 +503,13 @@ def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
                                     num_threads=1).ravel(),
                 gs3d.grid_sample_3d(vol, q, align_corners=True, num_threads=1).ravel())
 
+    both_nan = np.isnan(a) & np.isnan(b)
+    assert 0 < both_nan.sum() < 200       # (the exception below is a small set: 53 pairs)
     (first0, mid0), *variants = (_run_with(m, run) for m in _kernel_modules())
     for first, mid in variants:
         assert np.array_equal(first0.view(np.uint16), first.view(np.uint16))
-        assert np.array_equal(mid0.view(np.uint16), mid.view(np.uint16))
+        assert np.array_equal(mid0[~both_nan].view(np.uint16), mid[~both_nan].view(np.uint16))
+        assert np.all(mid[both_nan].view(np.uint16) & 0x7fff == 0x7e00)
     with np.errstate(all="ignore"):
         # the kernels sum from +0 in corner order, in float32, and round once
         one = (np.float32(0) + np.float32(1) * a.astype(np.float32)).astype(np.float16)
