@@ -1371,11 +1371,11 @@ cdef extern from *:
                 i = i0 + l;
                 const int k = i + a->ahead;
                 const unsigned own = a->own[i], vs = a->vs[i], vd = own ? a->vd[i] : 0;
-                const float* go = a->staged ? a->go + C * i : a->go + a->ob[i];
+                /* (16-bit, in place: converted into gbuf below; a->go is not grad_output) */
+                const float* go = a->staged ? a->go + C * i : xk ? gbuf : a->go + a->ob[i];
                 if (k < cnt && (a->vs[k] || (a->own[k] && a->vd[k])))
                     gs3d_cl_prefetch(a, k);
                 if (xk && !a->staged) {
-                    go = gbuf;
                     if (vs | vd)
                         for (c = 0; c < C; c += 8)
                             _mm256_storeu_ps(gbuf + c, gs3d_cl_ld8(NULL, a->goh, a->ob[i] + c, xk));
