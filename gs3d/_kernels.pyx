@@ -128,7 +128,10 @@ cdef enum:
 # 1x7x64^3 smooth 1.24-1.35x, random 1.04-1.09x, 2x6x64^3 random and 2x7x64^3 smooth 1.21x,
 # 2x5x64^3 smooth even, and one loss, 1x7x48^3 smooth at 1 thread 0.9x (a 3 MiB volume whose
 # copies weigh more); C = 2 and 3 gained nothing (0.88-1.10x).  N = 1 random grids lose the
-# split of the points (see gs3d._api._may_split), and still gain.
+# split of the points (see gs3d._api._may_split), and still gain.  float16/bfloat16 take the
+# copies at exactly four channels (A/B, AVX-512 module, 2 threads: 1x4x48^3 random 1.27x,
+# 2x4x64^3 smooth 1.29x, random bfloat16 1.45x, 1x4x48^3 smooth at 1 thread 1.23x; grid
+# gradient only 0.93x); with 5-7 channels they lost (0.73-0.87x: the scalar scatter).
 cdef enum:
     TRANSPOSE_MIN_C = 8
     TRANSPOSE_FEW_MIN_C = 4
@@ -194,16 +197,20 @@ cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py
             and P * TRANSPOSE_MIN_FILL >= D * H * W)
 
 
-cdef inline bint few_channels_rule(bint float32, int mode, int padding) noexcept nogil:
+cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
+                                   int padding) noexcept nogil:
     """The backward whose NCDHW input takes the channels-last copies from
-    TRANSPOSE_FEW_MIN_C channels: float32 storage, bilinear, zeros or border padding (the AVX2
-    gather backward's case, whichever build runs)."""
-    return float32 and mode == MODE_BILINEAR and padding != PAD_REFLECTION
+    TRANSPOSE_FEW_MIN_C channels: bilinear, zeros or border padding (the AVX2 gather
+    backward's case, whichever build runs), float32 storage (``itemsize`` 4), or 16-bit
+    storage with exactly TRANSPOSE_FEW_MIN_C channels (its one 128-bit read-modify-write per
+    corner; see TRANSPOSE_MIN_C)."""
+    return (mode == MODE_BILINEAR and padding != PAD_REFLECTION
+            and (itemsize == 4 or (itemsize == 2 and C == TRANSPOSE_FEW_MIN_C)))
 
 
-def few_channels_backward(bint float32, int mode, int padding):
+def few_channels_backward(int itemsize, Py_ssize_t C, int mode, int padding):
     """few_channels_rule, for gs3d._api (``few`` of channels_last_pays)."""
-    return bool(few_channels_rule(float32, mode, padding))
+    return bool(few_channels_rule(itemsize, C, mode, padding))
 
 
 def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P,
@@ -2147,7 +2154,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     P = g.Do * g.Ho * g.Wo
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
-    few = few_channels_rule(store_t is float, g.mode, g.padding)
+    few = few_channels_rule(sizeof(store_t), g.C, g.mode, g.padding)
     cl = channels_last_geo(g, &gT, Acl, few)
     in_dx = False
     if cl and want_dx:
@@ -2169,12 +2176,12 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                          and (not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
                                                            else g.as_))
                          and (not want_dg or flat_points(g.os, g, &g.dp)))
-    if store_t is float:
-        if cl and g.C <= BWD_GATHER_MAX_C:
-            # few channels through the copies (TRANSPOSE_FEW_MIN_C): the gather backward on
-            # the copy, accumulating in the channels-last accumulator (the copy's strides)
-            enable_simd_gather(&gT)
-            gT.simd_gather = gT.simd_gather and (not want_dg or flat_points(gT.os, &gT, &gT.dp))
+    if store_t is not double and cl and g.C <= BWD_GATHER_MAX_C:
+        # few channels through the copies (TRANSPOSE_FEW_MIN_C): the gather backward on the
+        # copy, accumulating in the channels-last accumulator (the copy's strides)
+        enable_simd_gather(&gT)
+        gT.simd_gather = (gT.simd_gather and (store_t is float or GS3D_HAVE_HALF_SIMD)
+                          and (not want_dg or flat_points(gT.os, &gT, &gT.dp)))
     gp = &gT if cl else g
     ntiles = (P + TILE - 1) // TILE
     A = NULL

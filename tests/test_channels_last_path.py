@@ -75,6 +75,25 @@ def _no_split_channels_last(x, q, go, mask, cfg, nt):
     return None if dx is None else np.moveaxis(dx, 4, 1), dg
 
 
+def _check_few_channel_copies(x, q, go, mask, dtype):
+    """The bilinear zeros and border backward of NCDHW (x, q, go) takes the copies (backward
+    only) and gives bitwise the channels-last layout's results at 1-4 threads, right against
+    the reference."""
+    for cfg in CFGS[:2]:
+        pb = _api.check_problem(x, q, go, "bilinear", cfg.get("padding_mode", "zeros"),
+                                cfg.get("align_corners", False), "NCDHW")
+        assert _api._channels_last_copies(pb, True) and not _api._channels_last_copies(pb, False)
+        want = _no_split_channels_last(x, q, go, mask, cfg, 1)
+        for nt in (1, 2, 3, 4):
+            got = gs3d.grid_sample_3d_backward(go, x, q, output_mask=mask, num_threads=nt, **cfg)
+            for name, a, b in zip(("input_grad", "grid_grad"), got, want):
+                assert same(a, b), (cfg, nt, name)
+        rdx, rdg = ref.grid_sample_3d_backward(*(a.astype(np.float64) for a in (go, x, q)),
+                                               **cfg)
+        for a, r in zip(got, (rdx, rdg)):
+            assert a is None or rel_err(a, r) <= TOLERANCE[dtype], cfg
+
+
 @pytest.mark.parametrize("mask", [(True, True), (False, True), (True, False)])
 @pytest.mark.parametrize("n", [1, 2])
 @pytest.mark.parametrize("C", [4, 5, 7])
@@ -87,24 +106,28 @@ def test_few_channels_float32_backward(C, n, mask):
     x, q, go = make("float32", C, n=n, seed=20 + C)
     P = int(np.prod(q.shape[1:4]))
     assert _api._kernels.channels_last_pays(C, D, H, W, P, True) and not pays(x, q)
-    for cfg in CFGS[:2]:
-        pb = _api.check_problem(x, q, go, cfg.get("mode", "bilinear"),
-                                cfg.get("padding_mode", "zeros"), cfg.get("align_corners", False),
-                                "NCDHW")
-        assert _api._channels_last_copies(pb, True) and not _api._channels_last_copies(pb, False)
-        want = _no_split_channels_last(x, q, go, mask, cfg, 1)
-        for nt in (1, 2, 3, 4):
-            got = gs3d.grid_sample_3d_backward(go, x, q, output_mask=mask, num_threads=nt, **cfg)
-            for name, a, b in zip(("input_grad", "grid_grad"), got, want):
-                assert same(a, b), (cfg, nt, name)
-        rdx, rdg = ref.grid_sample_3d_backward(*(a.astype(np.float64) for a in (go, x, q)),
-                                               **cfg)
-        for a, r in zip(got, (rdx, rdg)):
-            assert a is None or rel_err(a, r) <= TOLERANCE["float32"], cfg
+    _check_few_channel_copies(x, q, go, mask, "float32")
     for dtype, cfg in (("float64", {}), ("float32", dict(padding_mode="reflection"))):
         pb = _api.check_problem(x.astype(dtype), q.astype(dtype), go.astype(dtype), "bilinear",
                                 cfg.get("padding_mode", "zeros"), False, "NCDHW")
         assert not _api._channels_last_copies(pb, True), (dtype, cfg)
+
+
+@pytest.mark.parametrize("mask", [(True, True), (False, True), (True, False)])
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_few_channels_half_backward(dtype, n, mask):
+    """float16/bfloat16 take the few-channel copies at exactly four channels (bilinear, zeros
+    or border): bitwise the channels-last layout's results at 1-4 threads, right against the
+    reference; five channels and reflection keep the direct loops."""
+    x, q, go = make(dtype, 4, n=n, seed=40)
+    _check_few_channel_copies(x, q, go, mask, dtype)
+    x5, q5, go5 = make(dtype, 5, n=n, seed=41)
+    for C, cfg in ((5, {}), (4, dict(padding_mode="reflection"))):
+        a, b, c = (x, q, go) if C == 4 else (x5, q5, go5)
+        pb = _api.check_problem(a, b, c, "bilinear", cfg.get("padding_mode", "zeros"), False,
+                                "NCDHW")
+        assert not _api._channels_last_copies(pb, True), (C, cfg)
 
 
 def test_few_channels_float32_backward_against_torch():
