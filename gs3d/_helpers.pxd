@@ -414,6 +414,27 @@ cdef extern from *:
                                          const int xk) {
         return xk == 0 ? x[off] : gs3d_h_to_f32(xh[off], xk == 2);
     }
+    /* the k (<= 8) values at off, off + step, ... as float32 (exact, as gs3d_cl_ld1), lanes
+       past k ``fill``: built in registers (eight scalar stores read back as one vector would
+       stall store forwarding) */
+    GS3D_ALWAYS_INLINE __m256 gs3d_ld8_step(const float* x, const uint16_t* xh, const int xk,
+                                            Py_ssize_t off, Py_ssize_t step, int k, float fill) {
+        if (k == 8)
+            return _mm256_setr_ps(gs3d_cl_ld1(x, xh, off, xk), gs3d_cl_ld1(x, xh, off + step, xk),
+                                  gs3d_cl_ld1(x, xh, off + 2 * step, xk),
+                                  gs3d_cl_ld1(x, xh, off + 3 * step, xk),
+                                  gs3d_cl_ld1(x, xh, off + 4 * step, xk),
+                                  gs3d_cl_ld1(x, xh, off + 5 * step, xk),
+                                  gs3d_cl_ld1(x, xh, off + 6 * step, xk),
+                                  gs3d_cl_ld1(x, xh, off + 7 * step, xk));
+        return _mm256_setr_ps(gs3d_cl_ld1(x, xh, off, xk),
+                              k > 1 ? gs3d_cl_ld1(x, xh, off + step, xk) : fill,
+                              k > 2 ? gs3d_cl_ld1(x, xh, off + 2 * step, xk) : fill,
+                              k > 3 ? gs3d_cl_ld1(x, xh, off + 3 * step, xk) : fill,
+                              k > 4 ? gs3d_cl_ld1(x, xh, off + 4 * step, xk) : fill,
+                              k > 5 ? gs3d_cl_ld1(x, xh, off + 5 * step, xk) : fill,
+                              k > 6 ? gs3d_cl_ld1(x, xh, off + 6 * step, xk) : fill, fill);
+    }
     /* The depth planes [*lo, *hi] that the cnt (> 0) float32 points at q, q + qp, ... (z at
        q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
        (corner planes z0, z0 + 1 and the key plane; a point that samples nothing needs plane
@@ -561,15 +582,10 @@ cdef extern from *:
         for (a = 0; a < 3; a++) {
             const Py_ssize_t g = a * qc;
             if (k == 8) {
-                /* built in registers: a vector load of eight separate stores would stall */
-                c[a] = _mm256_setr_ps(gs3d_cl_ld1(q, qh, g, qk), gs3d_cl_ld1(q, qh, g + qp, qk),
-                                      gs3d_cl_ld1(q, qh, g + 2 * qp, qk),
-                                      gs3d_cl_ld1(q, qh, g + 3 * qp, qk),
-                                      gs3d_cl_ld1(q, qh, g + 4 * qp, qk),
-                                      gs3d_cl_ld1(q, qh, g + 5 * qp, qk),
-                                      gs3d_cl_ld1(q, qh, g + 6 * qp, qk),
-                                      gs3d_cl_ld1(q, qh, g + 7 * qp, qk));
+                c[a] = gs3d_ld8_step(q, qh, qk, g, qp, 8, NAN);
             } else {
+                /* a partial block through memory: gs3d_ld8_step's conditional lanes here
+                   made the gather forward 8-10% slower (code layout of this inlined path) */
                 for (l = 0; l < 8; l++)
                     t[l] = l < k ? gs3d_cl_ld1(q, qh, g + l * qp, qk) : NAN;
                 c[a] = _mm256_loadu_ps(t);
@@ -1115,35 +1131,12 @@ cdef extern from *:
                 if (!(B->ownb | B->slabb))
                     continue;           /* nothing of these eight points is this call's */
                 for (c = 0; c < C; c++) {
-                    /* built in registers (eight scalar stores read back as one vector would
-                       stall store forwarding), lanes past k zero */
-                    const Py_ssize_t gp = a->gp;
-                    if (h) {
-                        /* 16-bit: converted exactly */
-                        const uint16_t* gs = a->goh + p * gp + c * a->gc;
-                        if (k == 8 && gp == 1) {
-                            g[c] = gs3d_cl_ld8(NULL, gs, 0, xk);
-                        } else {
-                            float t8[8];
-                            for (l = 0; l < 8; l++)
-                                t8[l] = l < k ? gs3d_cl_ld1(NULL, gs, l * gp, xk) : 0.0f;
-                            g[c] = _mm256_loadu_ps(t8);
-                        }
-                        if (C != 1)
-                            _mm256_storeu_ps(gov[c], g[c]);
-                        continue;
-                    }
-                    const float* gs = a->go + p * a->gp + c * a->gc;
-                    if (k == 8 && gp == 1)
-                        g[c] = _mm256_loadu_ps(gs);
-                    else if (k == 8)
-                        g[c] = _mm256_setr_ps(gs[0], gs[gp], gs[2 * gp], gs[3 * gp], gs[4 * gp],
-                                              gs[5 * gp], gs[6 * gp], gs[7 * gp]);
-                    else
-                        g[c] = _mm256_setr_ps(gs[0], k > 1 ? gs[gp] : 0.0f,
-                                              k > 2 ? gs[2 * gp] : 0.0f, k > 3 ? gs[3 * gp] : 0.0f,
-                                              k > 4 ? gs[4 * gp] : 0.0f, k > 5 ? gs[5 * gp] : 0.0f,
-                                              k > 6 ? gs[6 * gp] : 0.0f, 0.0f);
+                    /* lanes past k zero (16-bit: converted exactly) */
+                    const Py_ssize_t o = p * a->gp + c * a->gc;
+                    g[c] = k == 8 && a->gp == 1
+                        ? gs3d_cl_ld8(h ? NULL : a->go, h ? a->goh : NULL, o, xk)
+                        : gs3d_ld8_step(h ? NULL : a->go, h ? a->goh : NULL, xk, o, a->gp, k,
+                                        0.0f);
                     if (C != 1)
                         _mm256_storeu_ps(gov[c], g[c]);     /* for the scalar scatters */
                 }

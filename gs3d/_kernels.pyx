@@ -361,9 +361,10 @@ cdef void enable_simd_gather(Geo* g) noexcept nogil:
 
 
 cdef void half_rows(Geo* g) noexcept nogil:
-    """16-bit storage takes the gather forward (gs3d_forward_gather_h) where float32 would,
-    except for more than GATHER_MAX_C channels that are not a multiple of 8 (the float32 rows
-    branch takes any C, the 16-bit one only multiples of 8)."""
+    """16-bit storage takes the gather kernels (gs3d_forward_gather_h, and the backward's) where
+    float32 would, given F16C, except for more than GATHER_MAX_C channels that are not a
+    multiple of 8 (the float32 forward's rows branch takes any C, the 16-bit one only
+    multiples of 8)."""
     g.simd_gather = (g.simd_gather and GS3D_HAVE_HALF_SIMD
                      and (g.C <= GATHER_MAX_C or g.C % 8 == 0))
 
@@ -2167,22 +2168,19 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
         in_dx = dense_strides(&g.ds[1], dims, 4) and g.mode == MODE_BILINEAR
     if cl and not in_dx and g.mode == MODE_BILINEAR:
         cl = nxcl >= g.D * g.H * g.W * g.C
-    if store_t is not double and not cl:
-        # the AVX2 gather path (float32 accumulates in dx itself, strides g.ds; 16-bit storage
-        # in its float32 accumulator, strides g.as_)
-        enable_simd_gather(g)
-        g.simd_gather = (g.simd_gather and g.C <= BWD_GATHER_MAX_C
-                         and (store_t is float or GS3D_HAVE_HALF_SIMD)
-                         and (not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
-                                                           else g.as_))
-                         and (not want_dg or flat_points(g.os, g, &g.dp)))
-    if store_t is not double and cl and g.C <= BWD_GATHER_MAX_C:
-        # few channels through the copies (TRANSPOSE_FEW_MIN_C): the gather backward on the
-        # copy, accumulating in the channels-last accumulator (the copy's strides)
-        enable_simd_gather(&gT)
-        gT.simd_gather = (gT.simd_gather and (store_t is float or GS3D_HAVE_HALF_SIMD)
-                          and (not want_dg or flat_points(gT.os, &gT, &gT.dp)))
     gp = &gT if cl else g
+    if store_t is not double and g.C <= BWD_GATHER_MAX_C:
+        # the AVX2 gather path: on the input (float32 accumulates in dx itself, strides g.ds;
+        # 16-bit storage in its float32 accumulator, strides g.as_), or for few channels on the
+        # channels-last copy (TRANSPOSE_FEW_MIN_C), accumulating in the channels-last
+        # accumulator (the copy's strides, which enable_simd_gather checks)
+        enable_simd_gather(gp)
+        if store_t is not float:
+            half_rows(gp)
+        gp.simd_gather = (gp.simd_gather
+                          and (cl or not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
+                                                                  else g.as_))
+                          and (not want_dg or flat_points(gp.os, gp, &gp.dp)))
     ntiles = (P + TILE - 1) // TILE
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
