@@ -932,6 +932,31 @@ def test_channel_dot_keeps_its_lane_order(layout, dtype, partner):
         assert rel_err(dg, want) <= TOLERANCE[dtype], m.__name__
 
 
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("C", [8, 16, 32])
+def test_signed_zero_channel_dots_agree_across_builds(layout, dtype, C):
+    """grad_output -0 everywhere, input -1 at even and +1 at odd x: every product of a
+    channel dot is a signed zero, +0 at the west corners and -0 at the east ones.  A dot
+    summed from +0 (as every build sums it) is +0; one that skips that first + 0 is -0 at
+    the east corners, and the grid gradient's x component (east minus west dots) turns -0.
+    The SIMD builds (sixteen channels per multiply in the AVX-512 one) must give the
+    baseline's bits, signs of zeros included, and the baseline gives +0."""
+    dt = np_dtype(dtype)
+    rng = np.random.default_rng(C)
+    sign = np.where(np.arange(7) % 2 == 0, -1.0, 1.0)
+    x = np.broadcast_to(sign, (1, C, 6, 5, 7)).astype(dt)
+    g = np.full((1, C, 4, 5, 6), -0.0, dtype=dt)
+    q = rng.uniform(-0.95, 0.95, (1, 4, 5, 6, 3)).astype(dt)
+    if layout == "NDHWC":
+        x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
+    for threads in (1, 2):
+        base, *variants = _backward_both_builds(g, x, q, layout=layout, num_threads=threads)
+        assert not np.any(np.signbit(base[1].view(dt).astype(np.float32)))
+        for bits in variants:
+            assert all(np.array_equal(a, b) for a, b in zip(base, bits)), threads
+
+
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
