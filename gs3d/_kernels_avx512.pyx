@@ -1,5 +1,7 @@
 # cython: language_level=3
 """The kernels of _kernels.pyx compiled for AVX-512 (F, VL, DQ, BW) on top of AVX2/FMA/F16C (see
 setup.py); gs3d._api picks this module at import time when the CPU and OS support those
-instructions.  Only the coordinate mapping of the eight-point kernels uses 512-bit vectors."""
+instructions.  Its own 512-bit code (in _helpers.pxd, under __AVX512F__): the coordinate
+mapping of the eight-point kernels, the gather forward's sums of a multiple of 16 channels, and
+the channels-last backward's scatter (and float32 corner dots) of a multiple of 16 channels."""
 include "_kernels.pyx"

@@ -940,8 +940,9 @@ def test_signed_zero_channel_dots_agree_across_builds(layout, dtype, C):
     channel dot is a signed zero, +0 at the west corners and -0 at the east ones.  A dot
     summed from +0 (as every build sums it) is +0; one that skips that first + 0 is -0 at
     the east corners, and the grid gradient's x component (east minus west dots) turns -0.
-    The SIMD builds (sixteen channels per multiply in the AVX-512 one) must give the
-    baseline's bits, signs of zeros included, and the baseline gives +0."""
+    The SIMD builds must give the baseline's bits, signs of zeros included, and the baseline
+    gives +0: float32 with C = 16 and 32 runs the AVX-512 module's sixteen-products-per-
+    multiply dot, C = 8 and 16-bit inputs the eight-lane one."""
     dt = np_dtype(dtype)
     rng = np.random.default_rng(C)
     sign = np.where(np.arange(7) % 2 == 0, -1.0, 1.0)
