@@ -2022,13 +2022,24 @@ cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_s
                         st(dx, d + c * ds[4], A[o + c * As[3]], hk)
 
 
+cdef inline void carry_index(Py_ssize_t* i, Py_ssize_t* up, Py_ssize_t size) noexcept nogil:
+    """Bring i[0] (>= size) back into [0, size), carrying into up[0]: a subtraction, or a
+    division where i[0] spans two sizes or more."""
+    if i[0] < 2 * size:
+        i[0] -= size
+        up[0] += 1
+    else:
+        up[0] += i[0] // size
+        i[0] = i[0] % size
+
+
 cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_t* bounds,
                        double* cost) noexcept nogil:
     """Cut [0, D) into ``nt`` slabs of similar work, estimated from a sample of grid points.
 
     Any cut gives the same (bitwise) result; this only balances the threads.
     """
-    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, HW = g.Ho * g.Wo, S, i, p, od, oh, ow, rem, z, t
+    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, S, i, od, oh, ow, z, t, q0, r0, rr, step
     cdef double u, m, total, acc, plane_cost
     if nt <= 1:
         for t in range(nt + 1):
@@ -2038,12 +2049,24 @@ cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_
     plane_cost = <double>(g.H * g.W) / 8.0 * <double>S / <double>P   # zeroing, in corner units
     for z in range(g.D):
         cost[z] = plane_cost
+    # sample i is point (i * P) // S: stepped forward by q0 or q0 + 1 points (carry of the
+    # remainders r0), its (od, oh, ow) carried along instead of divided out for each sample
+    q0 = P // S
+    r0 = P - q0 * S
+    rr = 0
+    od = oh = ow = 0
     for i in range(S):
-        p = (i * P) // S
-        od = p // HW
-        rem = p - od * HW
-        oh = rem // g.Wo
-        ow = rem - oh * g.Wo
+        if i > 0:
+            step = q0
+            rr += r0
+            if rr >= S:
+                rr -= S
+                step += 1
+            ow += step
+            if ow >= g.Wo:
+                carry_index(&ow, &oh, g.Wo)
+                if oh >= g.Ho:
+                    carry_index(&oh, &od, g.Ho)
         if axis_index(ld(q, n * g.qs[0] + od * g.qs[1] + oh * g.qs[2] + ow * g.qs[3] + 2 * g.qs[4],
                          g.half_kind), g.D, g, &u, &m, &z):
             if 0 <= z < g.D:
@@ -2064,6 +2087,40 @@ cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_
     while t <= nt:
         bounds[t] = g.D
         t += 1
+
+
+def slab_bounds(const store_t[:, :, :, :, :] grid, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
+                int nt, int mode=MODE_BILINEAR, int padding=0, bint align=False):
+    """The depth slab bounds (``nt + 1`` of them) that the threaded backward picks from batch
+    item 0 of a float32 or float64 ``grid`` over an input of D x H x W, and the per-plane
+    cost estimate they were cut from (choose_slabs; for tests: the bounds decide which thread
+    scatters which planes and, for two slabs, whether the points are split)."""
+    cdef Geo g
+    cdef Py_ssize_t xshape[5]
+    cdef Py_ssize_t xstrides[5]
+    cdef Py_ssize_t qshape[5]
+    cdef Py_ssize_t qstrides[5]
+    cdef int k
+    if store_t is not float and store_t is not double:
+        raise TypeError("slab_bounds takes a float32 or float64 grid")
+    if nt < 1 or D < 1 or H < 1 or W < 1 or grid.shape[0] < 1 or grid.shape[4] != 3:
+        raise ValueError("slab_bounds needs nt, D, H, W >= 1 and a grid of shape (N >= 1, "
+                         "Do, Ho, Wo, 3)")
+    xshape[0], xshape[1], xshape[2], xshape[3], xshape[4] = 1, D, H, W, 1
+    for k in range(5):
+        qshape[k] = grid.shape[k]
+        qstrides[k] = grid.strides[k]
+        xstrides[k] = 0
+    init_geo_raw(&g, xshape, xstrides, qshape, qstrides, sizeof(store_t), mode, padding, align,
+                 0)
+    bounds = np.empty(nt + 1, dtype=np.intp)
+    cost = np.empty(D, dtype=np.float64)
+    cdef Py_ssize_t[::1] b = bounds
+    cdef double[::1] cv = cost
+    if g.Do * g.Ho * g.Wo == 0:
+        raise ValueError("slab_bounds needs a grid with points")
+    choose_slabs(&grid[0, 0, 0, 0, 0], &g, 0, nt, &b[0], &cv[0])
+    return bounds, cost
 
 
 cdef void nearest_slabs(const store_t* grad, const store_t* q, store_t* dq, acc_t* A,

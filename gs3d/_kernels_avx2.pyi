@@ -11,5 +11,6 @@ from ._kernels import (
     forward as forward,
     max_threads as max_threads,
     openmp_enabled as openmp_enabled,
+    slab_bounds as slab_bounds,
     workspace_bytes as workspace_bytes,
 )

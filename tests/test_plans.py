@@ -296,6 +296,63 @@ def test_split_against_finite_differences(threads):
     assert not bits_equal(dx, np.ascontiguousarray(slabs[0]))      # the split was taken
 
 
+def _slab_bounds_by_hand(q, D, H, W, nt):
+    """choose_slabs' rule, written out from its description (zeros padding, align_corners
+    False): sample i of S = min(P, 4096) is point (i * P) // S of batch item 0; a sample with
+    a finite z coordinate adds 4 to the cost of its two depth planes z0 = floor(u), z0 + 1
+    that lie in [0, D); every plane starts at (H * W / 8) * S / P (its zeroing); the cut t
+    falls after the first plane where the running total reaches total * t / nt."""
+    z = q[0, ..., 2].astype(np.float64).ravel()
+    P = z.size
+    S = P if P < 4096 else 4096
+    cost = [H * W / 8.0 * S / P] * D
+    for i in range(S):
+        g = z[(i * P) // S]
+        if not np.isfinite(g):
+            continue
+        z0 = int(np.floor(((g + 1) * D - 1) / 2))
+        for k in (z0, z0 + 1):
+            if 0 <= k < D:
+                cost[k] += 4.0
+    total = 0.0
+    for c in cost:
+        total += c
+    bounds, t, acc = [0], 1, 0.0
+    for k in range(D):
+        acc += cost[k]
+        while t < nt and acc >= total * t / nt:
+            bounds.append(k + 1)
+            t += 1
+    return bounds + [D] * (nt + 1 - len(bounds)), cost
+
+
+@pytest.mark.parametrize("out_shape", [(5, 7, 9), (16, 16, 16), (20, 17, 13), (3, 1, 5000),
+                                       (1, 4099, 2), (64, 2, 33), (3000, 2, 1), (5000, 1, 1)])
+def test_slab_bounds_sample_the_documented_points(out_shape):
+    """The threaded backward cuts the depth axis into slabs from a sample of the grid's
+    points (choose_slabs; for two slabs the cut also feeds the split decision). The kernel
+    steps from sample to sample instead of dividing each index out; its per-plane costs
+    (which show a single sample taken from the wrong point: neighbouring points here have
+    unrelated depths) and its bounds must be those of the rule written out by hand, in every
+    module, for sample counts that do and do not divide the number of points, steps over one
+    or more rows, grids with NaN and values outside [-1, 1], and a grid view whose rows and
+    planes are padded (a sample carried to a wrong row or column there reads a pad value)."""
+    rng = np.random.default_rng(sum(out_shape))
+    q = rng.uniform(-1.1, 1.1, (1, *out_shape, 3))
+    q[..., 2] = rng.uniform(-1.2, 1.2, out_shape)
+    q.reshape(-1)[rng.integers(0, q.size, 20)] = np.nan
+    Do, Ho, Wo = out_shape
+    padded = np.full((1, Do, Ho + 1, Wo + 2, 3), 7.0)[:, :, :Ho, :Wo]
+    padded[...] = q
+    for module in _kernel_modules():
+        for D, nt in ((9, 2), (23, 3), (40, 4)):
+            for grid in (q, q.astype(np.float32), padded):
+                bounds, cost = module.slab_bounds(grid, D, 6, 5, nt)
+                want_bounds, want_cost = _slab_bounds_by_hand(grid, D, 6, 5, nt)
+                assert cost.tolist() == want_cost, (module.__name__, D)
+                assert bounds.tolist() == want_bounds, (module.__name__, D)
+
+
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 def test_split_stays_off_for_smooth_grids(layout):
     """On a smooth warp the depth slabs share out the work already: no split (the dense
