@@ -1576,8 +1576,9 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         return
     if store_t is not double and acc_t is float:
         if g.simd_gather:
+            ba.A = A
             if store_t is float:
-                ba.x, ba.A, ba.go, ba.dq = &x[n * g.xs[0]], A, &grad[n * g.gs[0] + p0 * g.op], \
+                ba.x, ba.go, ba.dq = &x[n * g.xs[0]], &grad[n * g.gs[0] + p0 * g.op], \
                     &dq[n * g.os[0] + p0 * g.dp]
                 ba.q = &q[n * g.qs[0] + p0 * g.qp]
                 ba.xh = ba.qh = ba.goh = ba.dqh = NULL
@@ -1586,7 +1587,6 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                 # 16-bit storage: the same kernel, values converted exactly, grid gradient
                 # rounded once, input gradient in the float32 accumulator
                 ba.x = ba.q = ba.go = ba.dq = NULL
-                ba.A = A
                 ba.xh, ba.goh = &x[n * g.xs[0]], &grad[n * g.gs[0] + p0 * g.op]
                 ba.dqh, ba.qh = &dq[n * g.os[0] + p0 * g.dp], &q[n * g.qs[0] + p0 * g.qp]
                 ba.xk = 2 if hk == HALF_BF16 else 1
@@ -2103,9 +2103,10 @@ def slab_bounds(const store_t[:, :, :, :, :] grid, Py_ssize_t D, Py_ssize_t H, P
     cdef int k
     if store_t is not float and store_t is not double:
         raise TypeError("slab_bounds takes a float32 or float64 grid")
-    if nt < 1 or D < 1 or H < 1 or W < 1 or grid.shape[0] < 1 or grid.shape[4] != 3:
-        raise ValueError("slab_bounds needs nt, D, H, W >= 1 and a grid of shape (N >= 1, "
-                         "Do, Ho, Wo, 3)")
+    if (nt < 1 or D < 1 or H < 1 or W < 1 or grid.shape[4] != 3
+            or grid.shape[0] * grid.shape[1] * grid.shape[2] * grid.shape[3] == 0):
+        raise ValueError("slab_bounds needs nt, D, H, W >= 1 and a grid of shape (N, Do, Ho, "
+                         "Wo, 3) with points")
     xshape[0], xshape[1], xshape[2], xshape[3], xshape[4] = 1, D, H, W, 1
     for k in range(5):
         qshape[k] = grid.shape[k]
@@ -2117,8 +2118,6 @@ def slab_bounds(const store_t[:, :, :, :, :] grid, Py_ssize_t D, Py_ssize_t H, P
     cost = np.empty(D, dtype=np.float64)
     cdef Py_ssize_t[::1] b = bounds
     cdef double[::1] cv = cost
-    if g.Do * g.Ho * g.Wo == 0:
-        raise ValueError("slab_bounds needs a grid with points")
     choose_slabs(&grid[0, 0, 0, 0, 0], &g, 0, nt, &b[0], &cv[0])
     return bounds, cost
 
