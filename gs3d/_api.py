@@ -96,6 +96,24 @@ def _ndhwc(arr: np.ndarray, channels_last: bool) -> np.ndarray:
     return arr if channels_last else arr.transpose(0, 2, 3, 4, 1)
 
 
+# Buffers the kernels read or write many times start on a cache line: a 32- or 64-byte vector
+# of channels at a 64-byte boundary never spans two lines (numpy's own large buffers start 16
+# bytes into one).  Outputs gs3d allocates are aligned from this size on; below it a call is
+# short and a plain array (which owns its memory) keeps the caller's later checks cheapest.
+_LINE = 64
+_ALIGN_OUTPUT_BYTES = 1 << 18
+
+
+def _aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a _LINE-byte boundary (a view
+    into a slightly larger buffer)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + _LINE, dtype=np.uint8)
+    start = -buf.ctypes.data % _LINE
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def _compute_dtype(kind: str) -> np.dtype:
     return np.dtype(np.float64 if kind == "f8" else np.float32)
 
@@ -106,7 +124,8 @@ class _Resources:
 
     __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
-                 "home", "plain_align", "cl", "xcl", "runner", "brunner", "split")
+                 "home", "plain_align", "cl", "xcl", "runner", "brunner", "split",
+                 "align_out", "align_dx", "align_dg")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool, backward: bool = False):
         acc = _compute_dtype(pb.kind)
@@ -115,10 +134,9 @@ class _Resources:
         self.pb = pb
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
-        self.scratch = np.empty((nt, pb.C + _kernels.SCRATCH_EXTRA), dtype=acc)
-        self.workspace = np.empty(_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial),
-                                                          pb.mode),
-                                  dtype=np.uint8)
+        self.scratch = _aligned_empty((nt, pb.C + _kernels.SCRATCH_EXTRA), acc)
+        self.workspace = _aligned_empty((_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial),
+                                                                  pb.mode),), np.uint8)
         # NCDHW with many channels runs through channels-last copies (see the kernels):
         # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
         # input_grad[n] when that is contiguous, else in ``xcl``
@@ -128,23 +146,24 @@ class _Resources:
         if want_dx and self.cl and 1 < nt and nt * np.dtype(acc).itemsize <= 4 * pb.N:
             # one channels-last accumulator per thread, each thread running whole batch
             # items: at most the size of a float32 input_grad (float64: N >= 2 threads)
-            self.dx_acc = np.empty((nt, D, H, W, pb.C), dtype=acc)
+            self.dx_acc = _aligned_empty((nt, D, H, W, pb.C), acc)
         elif want_dx and (self.cl or self.split):
-            self.dx_acc = np.empty((D, H, W, pb.C), dtype=acc)
+            self.dx_acc = _aligned_empty((D, H, W, pb.C), acc)
         elif want_dx and pb.kind in _HALF_KIND:
             # float32 accumulators in the memory order of input_grad: one per thread when
             # every thread gets whole batch items (N >= threads: at most the size of one
             # float32 input_grad), else one for the batch item all threads share
             k = nt if 1 < nt <= pb.N else 1
-            self.dx_acc = _ndhwc(np.empty(volume_shape(k, pb.C, (D, H, W), pb.channels_last),
-                                          dtype=acc), pb.channels_last)
+            self.dx_acc = _ndhwc(_aligned_empty(volume_shape(k, pb.C, (D, H, W),
+                                                             pb.channels_last), acc),
+                                 pb.channels_last)
             if k == 1:
                 self.dx_acc = self.dx_acc[0]
         else:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         # (nearest's backward never reads the input, so it makes no copy of it)
         copy_in = self.cl and not want_dx and not (backward and pb.mode == MODES["nearest"])
-        self.xcl = np.empty(D * H * W * pb.C if copy_in else 1, dtype=store)
+        self.xcl = _aligned_empty((D * H * W * pb.C if copy_in else 1,), store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled
@@ -158,6 +177,11 @@ class _Resources:
         # so ``kernel_ready`` keeps every aligned array (checked inline by _forward/_backward)
         dt = np.dtype(store)
         self.plain_align = dt.alignment == dt.itemsize
+        # which outputs, when gs3d allocates them, start on a cache line (see _ALIGN_OUTPUT_BYTES):
+        # the forward's output, input_grad and grid_grad
+        P, L = math.prod(pb.out_spatial), D * H * W
+        self.align_out, self.align_dx, self.align_dg = (
+            pb.N * n * dt.itemsize >= _ALIGN_OUTPUT_BYTES for n in (P * pb.C, L * pb.C, P * 3))
         self.runner: Any = None     # the forward's _kernels.ForwardRunner, bound on first use
         self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
 
@@ -415,13 +439,14 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
         _release(res)
 
 
-def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype,
-            plain_align: bool) -> Tuple[np.ndarray, np.ndarray]:
+def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype, plain_align: bool,
+            line: bool) -> Tuple[np.ndarray, np.ndarray]:
     """(array returned to the caller, array the kernel writes): the latter is a temporary only
     when a given buffer's strides or alignment do not fit the kernels (``plain_align``: see
-    _Resources; kernel_ready's own test runs only when the quick one fails)."""
+    _Resources; kernel_ready's own test runs only when the quick one fails).  A new array
+    starts on a cache line when ``line``."""
     if given is None:
-        arr = np.empty(shape, dtype)        # fresh memory is aligned
+        arr = _aligned_empty(shape, dtype) if line else np.empty(shape, dtype)
         return arr, arr
     if plain_align and given.flags.aligned:
         return given, given
@@ -431,7 +456,7 @@ def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype,
 def _forward(res: _Resources, x, q, out, shape):
     """Run the forward into ``out`` (a new array when None) and return it.  One flat function:
     at the worked-example size each Python call level costs a noticeable part of the call."""
-    result, target = _output(out, shape, x.dtype, res.plain_align)
+    result, target = _output(out, shape, x.dtype, res.plain_align, res.align_out)
     if res.out_empty:
         return result
     if not (res.plain_align and x.flags.aligned):
@@ -569,9 +594,9 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     dx = dx_k = dg = dg_k = None
     pa = res.plain_align
     if want_dx:
-        dx, dx_k = _output(input_grad, x.shape, x.dtype, pa)
+        dx, dx_k = _output(input_grad, x.shape, x.dtype, pa, res.align_dx)
     if want_dg:
-        dg, dg_k = _output(grid_grad, q.shape, q.dtype, pa)
+        dg, dg_k = _output(grid_grad, q.shape, q.dtype, pa, res.align_dg)
     if res.out_empty or res.in_empty:
         # nothing samples the input (N, C or the output size is 0): zero gradients
         for arr in (dx, dg):
@@ -593,7 +618,7 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
             and not _items_dense(dx_k)):
         # the channels-last input copy cannot live in this input_grad: a buffer for it, once
         # (and no longer pooled if that makes the scratch set too big for the pool)
-        res.xcl = np.empty(math.prod(res.dx_acc.shape[-4:]), dtype=res.xcl.dtype)
+        res.xcl = _aligned_empty((math.prod(res.dx_acc.shape[-4:]),), res.xcl.dtype)
         res.nbytes += res.xcl.nbytes
         if res.nbytes > _POOL_MAX_BYTES:
             res.home = None

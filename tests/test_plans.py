@@ -1295,3 +1295,49 @@ def test_output_split_against_finite_differences(layout, C, buffer):
         return float(np.sum(g * gs3d.grid_sample_3d(xv, qv, layout=layout)))
 
     check_by_finite_differences(loss, x, q, dx, dg, rng)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+def test_buffers_gs3d_allocates_start_on_a_cache_line(dtype, layout):
+    """Outputs gs3d allocates of 256 KiB or more, and a plan's scratch, accumulators and
+    channels-last copy, start on a 64-byte boundary (numpy's own large buffers start 16 bytes
+    into a line); smaller outputs are plain arrays that own their memory.  The values are
+    those written into buffers the caller gives."""
+    from gs3d import _api
+    rng = np.random.default_rng(3)
+    dt = np_dtype(dtype)
+    big, small = (1, 16, 24, 24, 24), (1, 2, 6, 6, 6)
+    for shape in (big, small):
+        x = to_layout(rng.standard_normal(shape).astype(dt), layout)
+        q = rng.uniform(-1.1, 1.1, (1,) + shape[2:] + (3,)).astype(dt)
+        g = to_layout(rng.standard_normal(shape).astype(dt), layout)
+        out = gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2)
+        dx, dg = gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2)
+        for a in (out, dx, dg):
+            if a.nbytes >= 1 << 18:
+                assert a.ctypes.data % 64 == 0 and a.flags.c_contiguous
+            else:
+                assert a.base is None and a.flags.owndata
+        assert out.nbytes >= 1 << 18 or shape is small
+        given = [np.empty_like(a) for a in (out, dx, dg)]
+        gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2, out=given[0])
+        gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2,
+                                     input_grad=given[1], grid_grad=given[2])
+        for a, b in zip((out, dx, dg), given):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        if shape is big:
+            xb, qb, gb = x, q, g
+    x, q, g = xb, qb, gb
+    for backward in (False, True):
+        if backward:
+            plan = gs3d.plan_backward(g.shape, x.shape, q.shape, dt, layout=layout,
+                                      num_threads=2)
+        else:
+            plan = gs3d.plan_forward(x.shape, q.shape, dt, layout=layout, num_threads=2)
+        res = plan._res
+        real = [a for a in (res.scratch, res.workspace, res.dx_acc, res.xcl) if a.size > 1]
+        assert all(a.ctypes.data % 64 == 0 for a in real)
+        # the forward of NCDHW copies the input channels-last; the backward accumulates
+        # channels-last (NCDHW) or in halves (float32 NDHWC) or in float32 (16-bit)
+        assert len(real) == (3 if layout == "NCDHW" or backward else 2), backward
