@@ -18,11 +18,11 @@ offsets, weights, in-bounds bit masks), then the channel work, with channels-las
 
 Parallel scatter without races and without dependence on the thread count: for each batch item
 the input depth axis D is cut into one slab per thread; every thread walks the output points in
-order (skipping whole tiles whose depth range misses its slab) and scatters only the corners that
-fall into its own slab.  Each dx element therefore receives its contributions in point order,
-whatever the number of threads and however the slabs are cut: results are bitwise identical to
-the serial loop.  The slab boundaries are chosen from a sample of the grid so that threads get
-similar amounts of work.
+order (skipping whole tiles whose group's depth range misses its slab) and scatters only the
+corners that fall into its own slab.  Each dx element therefore receives its contributions in
+point order, whatever the number of threads and however the slabs are cut: results are bitwise
+identical to the serial loop.  The slab boundaries are chosen from a sample of the grid so
+that threads get similar amounts of work.
 """
 from cpython.object cimport PyObject
 from cpython.pythread cimport (
@@ -85,6 +85,7 @@ cdef struct Geo:
 
 cdef enum:
     TILE = 64        # points per tile
+    HULL_TILES = 4   # tiles per depth range kept for the depth slabs (tile_planes)
     SETUP8_MAX_SIZE = 2147483646    # largest axis of gs3d_setup_tile_f's int32 indices
     AHEAD = 8        # prefetch the corners of the point this many ahead
     XBLOCK = 16      # voxels along W per block of the channels-last transpositions
@@ -177,18 +178,19 @@ SCRATCH_EXTRA = STAGE
 def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P, int mode=MODE_BILINEAR):
     """Bytes of the ``workspace`` buffer the kernels need for ``P`` output points per batch
     item: one tile per thread, the slab bounds, the per-plane cost estimate and the depth range
-    of every tile (the last three for the threaded backward; nearest uses the room of the
+    of every HULL_TILES tiles (the last three for the threaded backward; nearest uses the room of the
     depth ranges for its blocks of voxel indices instead, see nearest_index_tile)."""
     return (nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
             + region_bytes(P, mode))
 
 
 cdef inline Py_ssize_t region_bytes(Py_ssize_t P, int mode) noexcept nogil:
-    """The last region of the workspace: tile depth ranges (bilinear), or one block of
-    nearest's voxel offsets, grad_output offsets and depth indices (threaded nearest)."""
+    """The last region of the workspace: the depth ranges of groups of HULL_TILES tiles
+    (bilinear), or one block of nearest's voxel offsets, grad_output offsets and depth indices
+    (threaded nearest)."""
     if mode == MODE_NEAREST:
         return 3 * min(P, <Py_ssize_t>NBLOCK) * sizeof(Py_ssize_t)
-    return 2 * ((P + TILE - 1) // TILE) * sizeof(Py_ssize_t)
+    return 2 * ((P + HULL_TILES * TILE - 1) // (HULL_TILES * TILE)) * sizeof(Py_ssize_t)
 
 
 cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
@@ -1748,37 +1750,45 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
 
 
-cdef void tile_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t ti,
-                      Py_ssize_t* hull) noexcept nogil:
-    """hull[2 ti], hull[2 ti + 1]: the lowest and highest depth plane any point of tile ``ti``
-    needs (see planes_needed)."""
-    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, p, p0 = ti * TILE, a, b
-    cdef Py_ssize_t lo = g.D, hi = -1, step
+cdef void point_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t p0, Py_ssize_t cnt,
+                       Py_ssize_t* lo, Py_ssize_t* hi) noexcept nogil:
+    """lo, hi: the lowest and highest depth plane any of the points [p0, p0 + cnt) (p0 < P,
+    cut at P) needs (see planes_needed)."""
+    cdef Py_ssize_t P = g.Do * g.Ho * g.Wo, p, a, b, step
+    cdef Py_ssize_t end = min(P, p0 + cnt)
     cdef Cursor cur
     if store_t is not double:
         # float32 or 16-bit points evenly spaced in memory, bilinear zeros/border: four at a
         # time with AVX2 (the same planes; 16-bit values converted exactly first)
         if (GS3D_HAVE_SIMD_GATHER and (store_t is float or GS3D_HAVE_HALF_SIMD)
                 and g.mode == MODE_BILINEAR and g.padding != PAD_REFLECTION
-                and p0 < P and flat_points(g.qs, g, &step)):
+                and flat_points(g.qs, g, &step)):
             if store_t is float:
-                gs3d_tile_planes_f(&q[n * g.qs[0] + p0 * step], step, g.qs[4],
-                                   min(P, p0 + TILE) - p0, g.D, g.align,
-                                   g.padding == PAD_BORDER, &hull[2 * ti], &hull[2 * ti + 1])
+                gs3d_tile_planes_f(&q[n * g.qs[0] + p0 * step], step, g.qs[4], end - p0, g.D,
+                                   g.align, g.padding == PAD_BORDER, lo, hi)
             else:
                 gs3d_tile_planes_h(&q[n * g.qs[0] + p0 * step], g.half_kind == HALF_BF16, step,
-                                   g.qs[4], min(P, p0 + TILE) - p0, g.D, g.align,
-                                   g.padding == PAD_BORDER, &hull[2 * ti], &hull[2 * ti + 1])
+                                   g.qs[4], end - p0, g.D, g.align, g.padding == PAD_BORDER,
+                                   lo, hi)
             return
+    lo[0], hi[0] = g.D, -1
     cursor_start(&cur, g, p0)
-    for p in range(p0, min(P, p0 + TILE)):
+    for p in range(p0, end):
         if p > p0:
             cursor_next(&cur, g)
         planes_needed(q, cursor_offset(&cur, g.qs, n), g.qs[4], g, &a, &b)
-        lo = min(lo, a)
-        hi = max(hi, b)
-    hull[2 * ti] = lo
-    hull[2 * ti + 1] = hi
+        lo[0] = min(lo[0], a)
+        hi[0] = max(hi[0], b)
+
+
+cdef void tile_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t h,
+                      Py_ssize_t* hull) noexcept nogil:
+    """hull[2 h], hull[2 h + 1]: the lowest and highest depth plane any point
+    of the tiles [HULL_TILES h, HULL_TILES (h + 1)) needs (a group of tiles, not each tile:
+    the ranges of neighbouring tiles mostly overlap, and this keeps the array at a quarter of
+    the size)."""
+    point_planes(q, g, n, h * HULL_TILES * TILE, HULL_TILES * TILE, &hull[2 * h],
+                 &hull[2 * h + 1])
 
 
 cdef void backward_slab(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
@@ -1786,13 +1796,15 @@ cdef void backward_slab(const store_t* grad, const store_t* x, const store_t* q,
                         Py_ssize_t zlo, Py_ssize_t zhi, bint do_dg,
                         const Py_ssize_t* hull) noexcept nogil:
     """All points of batch item n, in order, for the depth slab [zlo, zhi); with ``hull`` (the
-    depth range of each tile), tiles that need nothing from this slab are skipped whole."""
-    cdef Py_ssize_t p0, ti = 0, P = g.Do * g.Ho * g.Wo
+    depth range of each group of HULL_TILES tiles, tile_planes), tiles whose group needs
+    nothing from this slab are skipped whole."""
+    cdef Py_ssize_t p0, ti = 0, h, P = g.Do * g.Ho * g.Wo
     if zlo >= zhi:
         return
     p0 = 0
     while p0 < P:
-        if hull == NULL or (hull[2 * ti + 1] >= zlo and hull[2 * ti] < zhi):
+        h = 2 * (ti // HULL_TILES)
+        if hull == NULL or (hull[h + 1] >= zlo and hull[h] < zhi):
             backward_tile(grad, x, q, dq, A, As, work, work + g.C, g, t, n, p0,
                           <int>min(<Py_ssize_t>TILE, P - p0), zlo, zhi, True, do_dg, False)
         p0 += TILE
@@ -1910,18 +1922,17 @@ cdef enum:
 
 
 cdef bint split_pays(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t ntiles,
-                     Py_ssize_t* hull, const Py_ssize_t* bounds) noexcept nogil:
+                     const Py_ssize_t* bounds) noexcept nogil:
     """True when the busier of two depth slabs [bounds[0], bounds[1]), [bounds[1], bounds[2])
-    needs more than SPLIT_SHARE / 8 of a sample of the tiles (their depth ranges are written
-    to ``hull``, at the sampled tiles only)."""
-    cdef Py_ssize_t i, ti, k, seen = min(ntiles, <Py_ssize_t>SPLIT_SAMPLE)
+    needs more than SPLIT_SHARE / 8 of a sample of the tiles (each tile's own depth range)."""
+    cdef Py_ssize_t i, ti, k, lo, hi, seen = min(ntiles, <Py_ssize_t>SPLIT_SAMPLE)
     cdef Py_ssize_t cnt[2]
     cnt[0] = cnt[1] = 0
     for i in range(seen):
         ti = (i * ntiles) // seen
-        tile_planes(q, g, n, ti, hull)
+        point_planes(q, g, n, ti * TILE, TILE, &lo, &hi)
         for k in range(2):
-            if hull[2 * ti + 1] >= bounds[k] and hull[2 * ti] < bounds[k + 1]:
+            if hi >= bounds[k] and lo < bounds[k + 1]:
                 cnt[k] += 1
     return 8 * max(cnt[0], cnt[1]) > SPLIT_SHARE * seen
 
@@ -2337,7 +2348,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                         # the split of the points, and the results, never depend on it
                         sb = bounds if nt == 2 else two      # the slabs' own bounds at two
                         choose_slabs(q, gp, n, 2, sb, cost)
-                        slabs_repeat = split_pays(q, gp, n, ntiles, hull, sb)
+                        slabs_repeat = split_pays(q, gp, n, ntiles, sb)
                 if slabs_repeat:
                     if points_split:
                         # two halves of the points, each scattered in order into its own
@@ -2386,7 +2397,8 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                     nearest_slabs(grad, q, dgrid, A, As, scratch, srow, gp, tiles, n, bounds, nt,
                                   want_dg, dx, store, hull)
                 else:
-                    for ci in prange(ntiles, schedule='static', num_threads=nt):
+                    for ci in prange((ntiles + HULL_TILES - 1) // HULL_TILES, schedule='static',
+                                     num_threads=nt):
                         tile_planes(q, gp, n, ci, hull)
                     for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
                         slab_task(grad, xin,
