@@ -221,6 +221,7 @@ def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple
     runner.bind(dtype, volume_shape(pb.N, pb.C, pb.in_spatial, pb.channels_last),
                 (pb.N, *pb.out_spatial, 3), out_shape, pb.channels_last, res.scratch,
                 res.workspace, res.xcl, res.mode, res.padding, res.align, res.half_kind, res.nt)
+    runner.line_out = res.align_out
     res.runner = runner
 
 

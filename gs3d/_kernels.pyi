@@ -41,6 +41,7 @@ class _Locked: ...
 
 @disjoint_base
 class ForwardRunner(_Locked):
+    line_out: bool
     def bind(
         self, dtype: np.dtype[Any], input_shape: Tuple[int, ...], grid_shape: Tuple[int, ...],
         output_shape: Tuple[int, ...], channels_last: bool, scratch: _Acc,

@@ -1223,6 +1223,8 @@ cdef class ForwardRunner(_Locked):
     cdef bint staged
     cdef char* xcl_p
     cdef Tile* tiles
+    # True: a new output must start on a cache line (gs3d._api allocates it: _aligned_empty)
+    cdef public bint line_out
     cdef Py_ssize_t in_shape[5]
     cdef Py_ssize_t grid_shape[5]
     cdef Py_ssize_t out_shape[5]
@@ -1314,10 +1316,10 @@ cdef class ForwardRunner(_Locked):
 
         At once, without a Python-level check, when ``input`` and ``grid`` are exact ndarrays
         of the planned shapes and (identical) dtype object, aligned with item-multiple strides,
-        and ``out`` is None or such an ndarray of the output shape, writeable, contiguous and
-        owning its memory, as do ``input`` and ``grid`` (which it is not): such arrays need no
-        copy and cannot overlap (the quick test of ``_api._check_out``).  Otherwise
-        ``self._slow_call(input, grid, out)``."""
+        and ``out`` is None (and ``line_out`` False) or such an ndarray of the output shape,
+        writeable, contiguous and owning its memory, as do ``input`` and ``grid`` (which it is
+        not): such arrays need no copy and cannot overlap (the quick test of
+        ``_api._check_out``).  Otherwise ``self._slow_call(input, grid, out)``."""
         cdef PyObject* dt = <PyObject*>self.dtype
         cdef cnp.ndarray x, q, o
         if not (self.bound and cnp.PyArray_CheckExact(input) and cnp.PyArray_CheckExact(grid)):
@@ -1327,6 +1329,8 @@ cdef class ForwardRunner(_Locked):
                 and fits(x, self.in_shape, self.isz) and fits(q, self.grid_shape, self.isz)):
             return self._slow_call(input, grid, out)
         if out is None:
+            if self.line_out:
+                return self._slow_call(input, grid, out)
             Py_INCREF(self.dtype)
             o = PyArray_Empty_steal(5, <cnp.npy_intp*>self.out_shape,
                                     <cnp.PyArray_Descr*>dt, 0)      # fresh memory is aligned

@@ -1335,6 +1335,12 @@ def test_buffers_gs3d_allocates_start_on_a_cache_line(dtype, layout):
                                       num_threads=2)
         else:
             plan = gs3d.plan_forward(x.shape, q.shape, dt, layout=layout, num_threads=2)
+        # and what a plan allocates when no output is given
+        got = plan(g, x, q) if backward else (plan(x, q),)
+        assert got[0].nbytes >= 1 << 18
+        for a in got:
+            assert (a.ctypes.data % 64 == 0 and a.base is not None if a.nbytes >= 1 << 18
+                    else a.base is None)
         res = plan._res
         real = [a for a in (res.scratch, res.workspace, res.dx_acc, res.xcl) if a.size > 1]
         assert all(a.ctypes.data % 64 == 0 for a in real)
