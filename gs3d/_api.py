@@ -35,8 +35,8 @@ def _select_kernels():
 
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
-    MAX_THREADS, MODES, GridSamplerError, Problem, as_input_array, check_output, check_problem,
-    kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
+    MAX_THREADS, MODES, GridSamplerError, Problem, aligned_empty, as_input_array, check_output,
+    check_problem, kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
     volume_shape,
 )
 
@@ -96,22 +96,16 @@ def _ndhwc(arr: np.ndarray, channels_last: bool) -> np.ndarray:
     return arr if channels_last else arr.transpose(0, 2, 3, 4, 1)
 
 
-# Buffers the kernels read or write many times start on a cache line: a 32- or 64-byte vector
-# of channels at a 64-byte boundary never spans two lines (numpy's own large buffers start 16
-# bytes into one).  Outputs gs3d allocates are aligned from this size on; below it a call is
-# short and a plain array (which owns its memory) keeps the caller's later checks cheapest.
-_LINE = 64
+# Outputs gs3d allocates start on a cache line (aligned_empty) from this size on; below it a
+# call is short and a plain array (which owns its memory) keeps the caller's later checks
+# cheapest.
 _ALIGN_OUTPUT_BYTES = 1 << 18
 
 
-def _aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on a _LINE-byte boundary (a view
-    into a slightly larger buffer)."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.empty(nbytes + _LINE, dtype=np.uint8)
-    start = -buf.ctypes.data % _LINE
-    return buf[start:start + nbytes].view(dtype).reshape(shape)
+def _buffer_bytes(a: np.ndarray) -> int:
+    """Bytes of the memory behind ``a``: an aligned_empty view counts its whole buffer."""
+    base = a.base
+    return a.nbytes if base is None else base.nbytes
 
 
 def _compute_dtype(kind: str) -> np.dtype:
@@ -134,8 +128,8 @@ class _Resources:
         self.pb = pb
         self.nt = nt
         self.half_kind = _HALF_KIND.get(pb.kind, 0)
-        self.scratch = _aligned_empty((nt, pb.C + _kernels.SCRATCH_EXTRA), acc)
-        self.workspace = _aligned_empty((_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial),
+        self.scratch = aligned_empty((nt, pb.C + _kernels.SCRATCH_EXTRA), acc)
+        self.workspace = aligned_empty((_kernels.workspace_bytes(nt, D, math.prod(pb.out_spatial),
                                                                   pb.mode),), np.uint8)
         # NCDHW with many channels runs through channels-last copies (see the kernels):
         # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
@@ -146,15 +140,15 @@ class _Resources:
         if want_dx and self.cl and 1 < nt and nt * np.dtype(acc).itemsize <= 4 * pb.N:
             # one channels-last accumulator per thread, each thread running whole batch
             # items: at most the size of a float32 input_grad (float64: N >= 2 threads)
-            self.dx_acc = _aligned_empty((nt, D, H, W, pb.C), acc)
+            self.dx_acc = aligned_empty((nt, D, H, W, pb.C), acc)
         elif want_dx and (self.cl or self.split):
-            self.dx_acc = _aligned_empty((D, H, W, pb.C), acc)
+            self.dx_acc = aligned_empty((D, H, W, pb.C), acc)
         elif want_dx and pb.kind in _HALF_KIND:
             # float32 accumulators in the memory order of input_grad: one per thread when
             # every thread gets whole batch items (N >= threads: at most the size of one
             # float32 input_grad), else one for the batch item all threads share
             k = nt if 1 < nt <= pb.N else 1
-            self.dx_acc = _ndhwc(_aligned_empty(volume_shape(k, pb.C, (D, H, W),
+            self.dx_acc = _ndhwc(aligned_empty(volume_shape(k, pb.C, (D, H, W),
                                                              pb.channels_last), acc),
                                  pb.channels_last)
             if k == 1:
@@ -163,12 +157,12 @@ class _Resources:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         # (nearest's backward never reads the input, so it makes no copy of it)
         copy_in = self.cl and not want_dx and not (backward and pb.mode == MODES["nearest"])
-        self.xcl = _aligned_empty((D * H * W * pb.C if copy_in else 1,), store)
+        self.xcl = aligned_empty((D * H * W * pb.C if copy_in else 1,), store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled
-        self.nbytes = sum(a.nbytes for a in (self.scratch, self.workspace, self.dx_acc,
-                                             self.xcl, self.dummy_dx, self.dummy_dg))
+        self.nbytes = sum(_buffer_bytes(a) for a in (self.scratch, self.workspace, self.dx_acc,
+                                                     self.xcl, self.dummy_dx, self.dummy_dg))
         # the options the runners are bound with
         self.mode, self.padding, self.align = pb.mode, pb.padding, pb.align
         self.out_empty = pb.N * pb.C * math.prod(pb.out_spatial) == 0    # output / grad_output
@@ -447,7 +441,7 @@ def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype, plain_al
     _Resources; kernel_ready's own test runs only when the quick one fails).  A new array
     starts on a cache line when ``line``."""
     if given is None:
-        arr = _aligned_empty(shape, dtype) if line else np.empty(shape, dtype)
+        arr = aligned_empty(shape, dtype) if line else np.empty(shape, dtype)
         return arr, arr
     if plain_align and given.flags.aligned:
         return given, given
@@ -619,8 +613,8 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
             and not _items_dense(dx_k)):
         # the channels-last input copy cannot live in this input_grad: a buffer for it, once
         # (and no longer pooled if that makes the scratch set too big for the pool)
-        res.xcl = _aligned_empty((math.prod(res.dx_acc.shape[-4:]),), res.xcl.dtype)
-        res.nbytes += res.xcl.nbytes
+        res.xcl = aligned_empty((math.prod(res.dx_acc.shape[-4:]),), res.xcl.dtype)
+        res.nbytes += _buffer_bytes(res.xcl)
         if res.nbytes > _POOL_MAX_BYTES:
             res.home = None
         runner.set_xcl(res.xcl)

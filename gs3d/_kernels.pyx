@@ -1912,7 +1912,8 @@ cdef void add_planes(acc_t* A, const acc_t* B, Py_ssize_t* As, Geo* g, Py_ssize_
 # bits at every thread count.  Measured figures: README, Determinism and threads.
 # SPLIT_ONE_CHANNEL: with one channel the points of a batch item are split whatever the
 # grid.  On smooth grids the depth slabs share the scatter out too, but each thread also maps
-# the tiles that straddle its slab's edge and first finds every tile's depth range; with one
+# the tiles that straddle its slab's edge and first finds the depth range of every group of
+# tiles (tile_planes); with one
 # channel the mapping is most of the work, so the split (each thread maps exactly half the
 # points, then one pass adds the two accumulators) wins at two threads and loses a little at
 # one.  Measured in a scratch build through one plan, the two alternating, 2 threads, smooth

@@ -5,6 +5,7 @@ writes nothing.  Errors carry the CANN status codes of ``aclnnGridSampler3DBackw
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, NamedTuple, Optional, Tuple
 
@@ -155,13 +156,32 @@ def check_ndim(arr: np.ndarray, name: str, axes: str):
         _fail(f"{name} must be 5-D {axes}; got shape {arr.shape}")
 
 
+# Buffers the kernels read or write many times start on a cache line: a 32- or 64-byte vector
+# of channels at a 64-byte boundary never spans two lines (numpy's own large buffers start 16
+# bytes into one).
+LINE = 64
+
+
+def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on a LINE-byte boundary (a view
+    into a slightly larger buffer)."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    buf = np.empty(nbytes + LINE, dtype=np.uint8)
+    start = -buf.ctypes.data % LINE
+    return buf[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def kernel_ready(arr: np.ndarray) -> np.ndarray:
-    """The array itself when the kernels can read it through its strides, else a packed copy."""
+    """The array itself when the kernels can read it through its strides, else a packed copy
+    (on a cache line, as the buffers gs3d allocates)."""
     if arr.flags.aligned:     # data pointer and strides are multiples of the alignment
         isz = arr.dtype.itemsize
         if arr.dtype.alignment == isz or not any(s % isz for s in arr.strides):
             return arr
-    return np.array(arr, order="C", copy=True)     # fresh memory is aligned
+    copy = aligned_empty(arr.shape, arr.dtype)
+    copy[...] = arr
+    return copy
 
 
 def _self_overlaps(arr: np.ndarray) -> bool:

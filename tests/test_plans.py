@@ -1347,3 +1347,12 @@ def test_buffers_gs3d_allocates_start_on_a_cache_line(dtype, layout):
         # the forward of NCDHW copies the input channels-last; the backward accumulates
         # channels-last (NCDHW) or in halves (float32 NDHWC) or in float32 (16-bit)
         assert len(real) == (3 if layout == "NCDHW" or backward else 2), backward
+        # the plan's size counts each aligned buffer whole
+        assert plan.workspace_size >= sum(a.base.nbytes for a in real)
+    # the copy made of an array the kernels cannot read in place starts on a line too
+    from gs3d._validation import kernel_ready
+    raw = np.zeros(x.nbytes + 1, np.uint8)[1:].view(x.dtype).reshape(x.shape)
+    raw[...] = x
+    copy = kernel_ready(raw)
+    assert copy.ctypes.data % 64 == 0 and copy.dtype == x.dtype
+    assert np.array_equal(copy.view(np.uint8), x.view(np.uint8))
