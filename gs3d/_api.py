@@ -36,8 +36,8 @@ def _select_kernels():
 _kernels, SIMD_LEVEL = _select_kernels()
 from ._validation import (
     MAX_THREADS, MODES, GridSamplerError, Problem, aligned_empty, as_input_array, check_output,
-    check_problem, kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask, parse_bool,
-    volume_shape,
+    check_problem, kernel_ready, parse_deterministic, parse_num_threads, parse_output_mask,
+    parse_bool, volume_shape,
 )
 
 __all__ = [

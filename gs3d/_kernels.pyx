@@ -178,8 +178,8 @@ SCRATCH_EXTRA = STAGE
 def workspace_bytes(int nthreads, Py_ssize_t D, Py_ssize_t P, int mode=MODE_BILINEAR):
     """Bytes of the ``workspace`` buffer the kernels need for ``P`` output points per batch
     item: one tile per thread, the slab bounds, the per-plane cost estimate and the depth range
-    of every HULL_TILES tiles (the last three for the threaded backward; nearest uses the room of the
-    depth ranges for its blocks of voxel indices instead, see nearest_index_tile)."""
+    of every HULL_TILES tiles (the last three for the threaded backward; nearest uses the room
+    of the depth ranges for its blocks of voxel indices instead, see nearest_index_tile)."""
     return (nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t) + D * sizeof(double)
             + region_bytes(P, mode))
 
