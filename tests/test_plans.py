@@ -1297,23 +1297,23 @@ def test_output_split_against_finite_differences(layout, C, buffer):
     check_by_finite_differences(loss, x, q, dx, dg, rng)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 def test_buffers_gs3d_allocates_start_on_a_cache_line(dtype, layout):
     """Outputs gs3d allocates of 256 KiB or more, and a plan's scratch, accumulators and
     channels-last copy, start on a 64-byte boundary (numpy's own large buffers start 16 bytes
     into a line); smaller outputs are plain arrays that own their memory.  The values are
-    those written into buffers the caller gives."""
-    from gs3d import _api
+    those written into buffers the caller gives, and into the returned arrays given back."""
     rng = np.random.default_rng(3)
     dt = np_dtype(dtype)
     big, small = (1, 16, 24, 24, 24), (1, 2, 6, 6, 6)
-    for shape in (big, small):
+    for shape, mode in ((big, "bilinear"), (big, "nearest"), (small, "bilinear")):
         x = to_layout(rng.standard_normal(shape).astype(dt), layout)
         q = rng.uniform(-1.1, 1.1, (1,) + shape[2:] + (3,)).astype(dt)
         g = to_layout(rng.standard_normal(shape).astype(dt), layout)
-        out = gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2)
-        dx, dg = gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2)
+        kw = dict(mode=mode, layout=layout, num_threads=2)
+        out = gs3d.grid_sample_3d(x, q, **kw)
+        dx, dg = gs3d.grid_sample_3d_backward(g, x, q, **kw)
         for a in (out, dx, dg):
             if a.nbytes >= 1 << 18:
                 assert a.ctypes.data % 64 == 0 and a.flags.c_contiguous
@@ -1321,9 +1321,16 @@ def test_buffers_gs3d_allocates_start_on_a_cache_line(dtype, layout):
                 assert a.base is None and a.flags.owndata
         assert out.nbytes >= 1 << 18 or shape is small
         given = [np.empty_like(a) for a in (out, dx, dg)]
-        gs3d.grid_sample_3d(x, q, layout=layout, num_threads=2, out=given[0])
-        gs3d.grid_sample_3d_backward(g, x, q, layout=layout, num_threads=2,
-                                     input_grad=given[1], grid_grad=given[2])
+        gs3d.grid_sample_3d(x, q, out=given[0], **kw)
+        gs3d.grid_sample_3d_backward(g, x, q, input_grad=given[1], grid_grad=given[2], **kw)
+        for a, b in zip((out, dx, dg), given):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
+        # the returned arrays given back as outputs
+        for a in (out, dx, dg):
+            a[...] = 7
+        assert gs3d.grid_sample_3d(x, q, out=out, **kw) is out
+        got = gs3d.grid_sample_3d_backward(g, x, q, input_grad=dx, grid_grad=dg, **kw)
+        assert got[0] is dx and got[1] is dg
         for a, b in zip((out, dx, dg), given):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
         if shape is big:
