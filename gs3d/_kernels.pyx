@@ -190,7 +190,12 @@ cdef inline Py_ssize_t region_bytes(Py_ssize_t P, int mode) noexcept nogil:
     (threaded nearest)."""
     if mode == MODE_NEAREST:
         return 3 * min(P, <Py_ssize_t>NBLOCK) * sizeof(Py_ssize_t)
-    return 2 * ((P + HULL_TILES * TILE - 1) // (HULL_TILES * TILE)) * sizeof(Py_ssize_t)
+    return 2 * hull_groups(P) * sizeof(Py_ssize_t)
+
+
+cdef inline Py_ssize_t hull_groups(Py_ssize_t P) noexcept nogil:
+    """How many groups of HULL_TILES tiles ``P`` points make (one depth range each)."""
+    return (P + HULL_TILES * TILE - 1) // (HULL_TILES * TILE)
 
 
 cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
@@ -1223,7 +1228,7 @@ cdef class ForwardRunner(_Locked):
     cdef bint staged
     cdef char* xcl_p
     cdef Tile* tiles
-    # True: a new output must start on a cache line (gs3d._api allocates it: _aligned_empty)
+    # True: a new output must start on a cache line (gs3d._api allocates it: aligned_empty)
     cdef public bint line_out
     cdef Py_ssize_t in_shape[5]
     cdef Py_ssize_t grid_shape[5]
@@ -1913,10 +1918,9 @@ cdef void add_planes(acc_t* A, const acc_t* B, Py_ssize_t* As, Geo* g, Py_ssize_
 # SPLIT_ONE_CHANNEL: with one channel the points of a batch item are split whatever the
 # grid.  On smooth grids the depth slabs share the scatter out too, but each thread also maps
 # the tiles that straddle its slab's edge and first finds the depth range of every group of
-# tiles (tile_planes); with one
-# channel the mapping is most of the work, so the split (each thread maps exactly half the
-# points, then one pass adds the two accumulators) wins at two threads and loses a little at
-# one.  Measured in a scratch build through one plan, the two alternating, 2 threads, smooth
+# tiles (tile_planes); with one channel the mapping is most of the work, so the split (each
+# thread maps exactly half the points, then one pass adds the two accumulators) wins at two
+# threads and loses a little at one.  Measured in a scratch build through one plan, the two alternating, 2 threads, smooth
 # grids: 1x1x64^3 NCDHW 4.14 -> 3.85 ms, 1x1x96^3 NDHWC 11.0 -> 9.3 ms, 1x1x128^3 NCDHW
 # 32.2-36.6 -> 27.3-31.0 ms, NDHWC 35.4 -> 31.3 ms; with more channels the gain fades or turns
 # (1x4x64^3 1.03x, 1x8x64^3 1.01x, 1x16x64^3 0.93x, 1x32x32^3 0.84x: the add pass grows with
@@ -2402,8 +2406,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                     nearest_slabs(grad, q, dgrid, A, As, scratch, srow, gp, tiles, n, bounds, nt,
                                   want_dg, dx, store, hull)
                 else:
-                    for ci in prange((ntiles + HULL_TILES - 1) // HULL_TILES, schedule='static',
-                                     num_threads=nt):
+                    for ci in prange(hull_groups(P), schedule='static', num_threads=nt):
                         tile_planes(q, gp, n, ci, hull)
                     for t in prange(nt, schedule='static', chunksize=1, num_threads=nt):
                         slab_task(grad, xin,
