@@ -1345,6 +1345,21 @@ cdef extern from *:
         return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
                              _mm256_permute2f128_ps(a, b, 0x31));
     }
+    /* the eight corners' dot vectors v[j] (8 lanes each; overwritten) reduced to one vector of
+       their dots, corners 0 2 4 6 | 1 3 5 7, in lane_sum's tree and operand order */
+    GS3D_ALWAYS_INLINE __m256 gs3d_cl_reduce8(__m256* v) {
+        __m256 e, h;
+        /* per half, the lane pairs of corners 0 2 4 6 (low) and 1 3 5 7 (high) */
+        v[0] = gs3d_cl_fold(v[0], v[1]);
+        v[2] = gs3d_cl_fold(v[2], v[3]);
+        v[4] = gs3d_cl_fold(v[4], v[5]);
+        v[6] = gs3d_cl_fold(v[6], v[7]);
+        /* (0 4) + (2 6) and (1 5) + (3 7), two corners per half */
+        e = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[2], 0x44), _mm256_shuffle_ps(v[0], v[2], 0xEE));
+        h = _mm256_add_ps(_mm256_shuffle_ps(v[4], v[6], 0x44), _mm256_shuffle_ps(v[4], v[6], 0xEE));
+        /* their sums: the dots of corners 0 2 4 6 | 1 3 5 7 */
+        return _mm256_add_ps(_mm256_shuffle_ps(e, h, 0x88), _mm256_shuffle_ps(e, h, 0xDD));
+    }
     /* eight consecutive values of a tile array from index i0 (n of them, the rest 0), as floats */
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_ld8d(const double* v, int i0, int n) {
         double t[8];
@@ -1363,7 +1378,7 @@ cdef extern from *:
         float gx8[8], gy8[8], gz8[8], gbuf[GS3D_CL_GOBUF];
         uint16_t hx8[8], hy8[8], hz8[8];
         unsigned char vd8[8];
-        __m256 R[8], v[8], d[8], w6[6], e, h, gx, gy, gz;
+        __m256 R[8], v[8], d[8], w6[6], gx, gy, gz;
         __m256i vdv, mj[8], mall;
         int i, i0, n, l, j;
         unsigned gm;
@@ -1399,19 +1414,7 @@ cdef extern from *:
                     for (j = 0; j < 8; j++)
                         v[j] = (vd >> j) & 1 ? gs3d_cl_dot(a, go, a->xb[i] + a->xd[j], C, xk)
                                              : _mm256_setzero_ps();
-                    /* per half, the lane pairs of corners 0 2 4 6 (low) and 1 3 5 7 (high) */
-                    v[0] = gs3d_cl_fold(v[0], v[1]);
-                    v[2] = gs3d_cl_fold(v[2], v[3]);
-                    v[4] = gs3d_cl_fold(v[4], v[5]);
-                    v[6] = gs3d_cl_fold(v[6], v[7]);
-                    /* (0 4) + (2 6) and (1 5) + (3 7), two corners per half */
-                    e = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[2], 0x44),
-                                      _mm256_shuffle_ps(v[0], v[2], 0xEE));
-                    h = _mm256_add_ps(_mm256_shuffle_ps(v[4], v[6], 0x44),
-                                      _mm256_shuffle_ps(v[4], v[6], 0xEE));
-                    /* their sums: the dots of corners 0 2 4 6 | 1 3 5 7 */
-                    R[l] = _mm256_add_ps(_mm256_shuffle_ps(e, h, 0x88),
-                                         _mm256_shuffle_ps(e, h, 0xDD));
+                    R[l] = gs3d_cl_reduce8(v);
                 }
                 for (j = 0; j < 8; j++) {
                     if ((vs >> j) & 1) {
@@ -1602,6 +1605,131 @@ cdef extern from *:
         else { GS3D_CL_CASES(2) }
     }
     #undef GS3D_CL_CASES
+    /* The grid gradient alone (no input gradient) of cnt <= 64 float32 points, channels
+       contiguous in the input (W stride sx, C a multiple of 8) under bilinear zeros/border
+       padding: gs3d_cl_run's operations and bits without setup_tile's arrays.  The points
+       are mapped eight at a time by gs3d_map8 (setup_tile_f's mapping, so the same masks,
+       weights and multipliers), their corner rows prefetched, then each point's corner dots
+       (gs3d_cl_dot, reduced by gs3d_cl_reduce8) and the eight points' gradients
+       (gs3d_grid_grad8) computed from registers, each block's rows prefetched
+       GS3D_GGR_AHEAD blocks ahead.  grad_output's point p is at go + p gp with its channels
+       at step gc: read in place when gc is 1, else staged into ``stage`` (64 * 64 floats,
+       the kernels' STAGE): the whole tile at once when its points are at step 1 and C * cnt
+       fits (gs3d_transpose_f, as the tile loop stages it), else eight points at a time by
+       8 x 8 transpositions.  Offsets are int32 (the caller checks int32_offsets). */
+    typedef struct {
+        const float* x; const float* q; const float* go; float* dq;
+        Py_ssize_t sx, sy, sz, W, H, D, C, qp, qc, gp, gc, dp, dc, nxt;
+        int align, border, prefetch;
+    } gs3d_ggr_args;
+    #define GS3D_GGR_AHEAD 2
+    GS3D_ALWAYS_INLINE void gs3d_grid_grad_rows_body(const gs3d_ggr_args* a, Py_ssize_t cnt,
+                                                     float* stage, const Py_ssize_t C) {
+        const Py_ssize_t sx = a->sx, sy = a->sy, sz = a->sz;
+        const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
+        const __m256 zero = _mm256_setzero_ps();
+        gs3d_cl_args xa;            /* gs3d_cl_dot reads only its x */
+        gs3d_block8 blk[8];
+        __m256 mult[8][3], R[8], v[8], d[8], mv[3], gx, gy, gz;
+        __m256i idx[3], okv[3], okall, mj[8], mall;
+        float gx8[8], gy8[8], gz8[8];
+        int ol[8][8];
+        unsigned mb[8], vd;
+        Py_ssize_t p, c;
+        int l, j, k, b, cb, nb, r, whole;
+        memset(&xa, 0, sizeof(xa));
+        xa.x = a->x;
+        nb = (int)(cnt + 7) / 8;
+        for (b = 0; b < nb; b++) {
+            gs3d_block8* B = &blk[b];
+            p = 8 * b;
+            k = cnt - p < 8 ? (int)(cnt - p) : 8;
+            gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
+                      a->border, idx, B->m, B->w, okv, mv);
+            B->base = gs3d_offset8(idx, sx, sy, sz);
+            okall = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
+            for (j = 0; j < 3; j++)
+                mult[b][j] = _mm256_and_ps(mv[j], _mm256_castsi256_ps(okall));
+        }
+        /* grad_output with its points at step 1 in each channel plane (NCDHW): the whole
+           tile staged, the next tile's channel rows prefetched (nxt points) */
+        whole = a->gc != 1 && a->gp == 1 && C * cnt <= 64 * 64;
+        if (whole)
+            gs3d_transpose_f(a->go, a->gc, C, cnt, stage, C, a->nxt);
+        for (b = 0; b < nb + GS3D_GGR_AHEAD; b++) {
+            /* block b's corner rows prefetched, then block b - GS3D_GGR_AHEAD done */
+            const gs3d_block8* B;
+            if (a->prefetch && b < nb) {
+                k = cnt - 8 * b < 8 ? (int)(cnt - 8 * b) : 8;
+                if (rlen <= 512)
+                    gs3d_prefetch_rows8(a->x, blk[b].base, (1u << k) - 1, sy, sz, rlo, rlen);
+                else
+                    gs3d_prefetch_corner_rows8(a->x, blk[b].base, (1u << k) - 1, sy, sz);
+            }
+            if (b < GS3D_GGR_AHEAD)
+                continue;
+            cb = b - GS3D_GGR_AHEAD;
+            B = &blk[cb];
+            p = 8 * cb;
+            k = cnt - p < 8 ? (int)(cnt - p) : 8;
+            mall = _mm256_set1_epi32(-1);
+            for (j = 0; j < 8; j++) {
+                mj[j] = gs3d_corner_mask8(B->m, j);
+                mall = _mm256_and_si256(mall, mj[j]);
+                mb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mj[j]));
+                _mm256_storeu_si256((__m256i*)ol[j], _mm256_add_epi32(B->base, _mm256_set1_epi32(
+                    (int)((j >> 2) * sz + ((j >> 1) & 1) * sy + (j & 1) * sx))));
+            }
+            if (a->gc != 1 && !whole) {
+                /* stage[l C + c] = channel c of point p + l */
+                for (c = 0; c < C; c += 8) {
+                    for (r = 0; r < 8; r++)
+                        v[r] = k == 8 && a->gp == 1
+                            ? _mm256_loadu_ps(a->go + (c + r) * a->gc + p)
+                            : gs3d_ld8_step(a->go, NULL, 0, (c + r) * a->gc + p * a->gp, a->gp,
+                                            k, 0.0f);
+                    gs3d_transpose8(v);
+                    for (l = 0; l < k; l++)
+                        _mm256_storeu_ps(stage + l * C + c, v[l]);
+                }
+            }
+            for (l = 0; l < 8; l++) {
+                vd = 0;
+                for (j = 0; j < 8; j++)
+                    vd |= ((mb[j] >> l) & 1u) << j;
+                R[l] = zero;
+                if (l < k && vd) {
+                    const float* go = a->gc == 1 ? a->go + (p + l) * a->gp
+                                      : stage + (whole ? p + l : l) * C;
+                    for (j = 0; j < 8; j++)
+                        v[j] = (vd >> j) & 1 ? gs3d_cl_dot(&xa, go, ol[j][l], C, 0) : zero;
+                    R[l] = gs3d_cl_reduce8(v);
+                }
+            }
+            /* R[k], lane l: point l's dot of corner 2k (k < 4) or 2 (k - 4) + 1 */
+            gs3d_transpose8(R);
+            for (j = 0; j < 8; j++)
+                d[j] = R[(j >> 1) + 4 * (j & 1)];
+            gs3d_grid_grad8(d, B->w, mj, mall, &gx, &gy, &gz);
+            _mm256_storeu_ps(gx8, _mm256_mul_ps(mult[cb][0], gx));
+            _mm256_storeu_ps(gy8, _mm256_mul_ps(mult[cb][1], gy));
+            _mm256_storeu_ps(gz8, _mm256_mul_ps(mult[cb][2], gz));
+            for (l = 0; l < k; l++) {
+                float* o = a->dq + (p + l) * a->dp;
+                o[0] = gx8[l];
+                o[a->dc] = gy8[l];
+                o[2 * a->dc] = gz8[l];
+            }
+        }
+    }
+    static void gs3d_grid_grad_rows(const gs3d_ggr_args* a, Py_ssize_t cnt, float* stage) {
+        switch (a->C) {
+            case 8: gs3d_grid_grad_rows_body(a, cnt, stage, 8); break;
+            case 16: gs3d_grid_grad_rows_body(a, cnt, stage, 16); break;
+            case 32: gs3d_grid_grad_rows_body(a, cnt, stage, 32); break;
+            default: gs3d_grid_grad_rows_body(a, cnt, stage, a->C);
+        }
+    }
     /* The forward's channels-last loop for C a multiple of 8 (AVX2 build), with
        forward_tile's bits: per channel, from +0, w_j * x_j added corner by corner in corner
        order over the corners in bounds.  16-bit inputs are converted as gs3d_cl_ld8 does (the
@@ -1681,6 +1809,14 @@ cdef extern from *:
         (void)lo; (void)hi;
     }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
+    typedef struct {
+        const float* x; const float* q; const float* go; float* dq;
+        Py_ssize_t sx, sy, sz, W, H, D, C, qp, qc, gp, gc, dp, dc, nxt;
+        int align, border, prefetch;
+    } gs3d_ggr_args;
+    static void gs3d_grid_grad_rows(const gs3d_ggr_args* a, Py_ssize_t cnt, float* stage) {
+        (void)a; (void)cnt; (void)stage;
+    }
     static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                                  float* dst, Py_ssize_t ds, Py_ssize_t pf) {
         (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)pf;
@@ -1764,6 +1900,14 @@ cdef extern from *:
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
         int cnt, tile, ahead, xkind, staged
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
+    ctypedef struct gs3d_ggr_args:
+        const float* x
+        const float* q
+        const float* go
+        float* dq
+        Py_ssize_t sx, sy, sz, W, H, D, C, qp, qc, gp, gc, dp, dc, nxt
+        int align, border, prefetch
+    void gs3d_grid_grad_rows(const gs3d_ggr_args* a, Py_ssize_t cnt, float* stage) noexcept nogil
     void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                           float* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
     void gs3d_transpose_hf(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
