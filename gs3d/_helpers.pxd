@@ -1061,6 +1061,27 @@ cdef extern from *:
         gz = _mm256_blendv_ps(gz, hz, _mm256_castsi256_ps(mall));
         *gx_ = gx; *gy_ = gy; *gz_ = gz;
     }
+    /* the lanes of eight points (corner-0 depth indices iz, -2 for a dead z) whose grid
+       gradient a call for the depth slab [zlo, zhi) writes: all with own_all, else those whose
+       key plane (key_of: 0 for a dead z or below, D - 1 above) is in the slab */
+    GS3D_ALWAYS_INLINE __m256i gs3d_own8(__m256i iz, int own_all, Py_ssize_t zlo, Py_ssize_t zhi,
+                                         Py_ssize_t D) {
+        __m256i key;
+        if (own_all)
+            return _mm256_set1_epi32(-1);
+        key = _mm256_min_epi32(_mm256_max_epi32(iz, _mm256_setzero_si256()),
+                               _mm256_set1_epi32((int)D - 1));
+        return _mm256_and_si256(_mm256_cmpgt_epi32(key, _mm256_set1_epi32((int)zlo - 1)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)zhi), key));
+    }
+    /* the lanes with a corner plane (iz or iz + 1) in [zlo, zhi): all with all_planes */
+    GS3D_ALWAYS_INLINE __m256i gs3d_slab8(__m256i iz, int all_planes, Py_ssize_t zlo,
+                                          Py_ssize_t zhi) {
+        if (all_planes)
+            return _mm256_set1_epi32(-1);
+        return _mm256_and_si256(_mm256_cmpgt_epi32(iz, _mm256_set1_epi32((int)zlo - 2)),
+                                _mm256_cmpgt_epi32(_mm256_set1_epi32((int)zhi), iz));
+    }
     typedef struct {
         __m256i base, abase, iz, own, m[6];
         __m256 w[6], mult[3];
@@ -1103,19 +1124,8 @@ cdef extern from *:
                 /* the points this call owns (grid gradient) and those with a corner plane in
                    [zlo, zhi) (input gradient): at N = 1 every thread maps every point, and
                    only those are prefetched and worked on */
-                if (a->own_all) {
-                    B->own = _mm256_set1_epi32(-1);
-                } else {
-                    /* key_of: 0 for a dead z (index -2) or below, D - 1 above */
-                    __m256i key = _mm256_min_epi32(_mm256_max_epi32(iz, _mm256_setzero_si256()),
-                                                   _mm256_set1_epi32((int)a->D - 1));
-                    B->own = _mm256_and_si256(_mm256_cmpgt_epi32(key, _mm256_set1_epi32((int)a->zlo - 1)),
-                                              _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), key));
-                }
-                slab = _mm256_set1_epi32(-1);
-                if (!all_planes)
-                    slab = _mm256_and_si256(_mm256_cmpgt_epi32(iz, _mm256_set1_epi32((int)a->zlo - 2)),
-                                            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), iz));
+                B->own = gs3d_own8(iz, a->own_all, a->zlo, a->zhi, a->D);
+                slab = gs3d_slab8(iz, all_planes, a->zlo, a->zhi);
                 ownb = a->do_dg ? _mm256_movemask_ps(_mm256_castsi256_ps(B->own)) : 0;
                 slabb = a->do_dx ? _mm256_movemask_ps(_mm256_castsi256_ps(slab)) : 0;
                 B->ownb = ownb & ((1 << k) - 1);
@@ -1345,6 +1355,24 @@ cdef extern from *:
         return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20),
                              _mm256_permute2f128_ps(a, b, 0x31));
     }
+    /* dst[c] += w * go[c] for the C (a multiple of 8) channels: gs3d_axpy_f's products and
+       sums (sixteen lanes at a time in the AVX-512 build when C is a multiple of 16) */
+    GS3D_ALWAYS_INLINE void gs3d_cl_axpy(float* dst, float wf, const float* go, const Py_ssize_t C) {
+        const __m256 w = _mm256_set1_ps(wf);
+        Py_ssize_t c;
+    #if defined(__AVX512F__) && defined(__AVX512DQ__)
+        if (C % 16 == 0) {
+            const __m512 w16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(w));
+            for (c = 0; c < C; c += 16)
+                _mm512_storeu_ps(dst + c, _mm512_add_ps(_mm512_loadu_ps(dst + c),
+                                                        _mm512_mul_ps(w16, _mm512_loadu_ps(go + c))));
+            return;
+        }
+    #endif
+        for (c = 0; c < C; c += 8)
+            _mm256_storeu_ps(dst + c, _mm256_add_ps(_mm256_loadu_ps(dst + c),
+                                                    _mm256_mul_ps(w, _mm256_loadu_ps(go + c))));
+    }
     /* the eight corners' dot vectors v[j] (8 lanes each; overwritten) reduced to one vector of
        their dots, corners 0 2 4 6 | 1 3 5 7, in lane_sum's tree and operand order */
     GS3D_ALWAYS_INLINE __m256 gs3d_cl_reduce8(__m256* v) {
@@ -1416,25 +1444,9 @@ cdef extern from *:
                                              : _mm256_setzero_ps();
                     R[l] = gs3d_cl_reduce8(v);
                 }
-                for (j = 0; j < 8; j++) {
-                    if ((vs >> j) & 1) {
-                        float* dst = a->A + a->ab[i] + a->ad[j];
-                        const __m256 w = _mm256_set1_ps((float)a->w[j * T + i]);
-    #if defined(__AVX512F__) && defined(__AVX512DQ__)
-                        if (C % 16 == 0) {
-                            /* the same products and sums, sixteen lanes at a time */
-                            const __m512 w16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(w));
-                            for (c = 0; c < C; c += 16)
-                                _mm512_storeu_ps(dst + c, _mm512_add_ps(_mm512_loadu_ps(dst + c),
-                                    _mm512_mul_ps(w16, _mm512_loadu_ps(go + c))));
-                            continue;
-                        }
-    #endif
-                        for (c = 0; c < C; c += 8)
-                            _mm256_storeu_ps(dst + c, _mm256_add_ps(_mm256_loadu_ps(dst + c),
-                                _mm256_mul_ps(w, _mm256_loadu_ps(go + c))));
-                    }
-                }
+                for (j = 0; j < 8; j++)
+                    if ((vs >> j) & 1)
+                        gs3d_cl_axpy(a->A + a->ab[i] + a->ad[j], (float)a->w[j * T + i], go, C);
             }
             if (!gm)
                 continue;
@@ -1605,80 +1617,122 @@ cdef extern from *:
         else { GS3D_CL_CASES(2) }
     }
     #undef GS3D_CL_CASES
-    /* The grid gradient alone (no input gradient) of cnt <= 64 float32 points, channels
-       contiguous in the input (W stride sx, C a multiple of 8) under bilinear zeros/border
-       padding: gs3d_cl_run's operations and bits without setup_tile's arrays.  The points
-       are mapped eight at a time by gs3d_map8 (setup_tile_f's mapping, so the same masks,
-       weights and multipliers), their corner rows prefetched, then each point's corner dots
-       (gs3d_cl_dot, reduced by gs3d_cl_reduce8) and the eight points' gradients
-       (gs3d_grid_grad8) computed from registers, each block's rows prefetched
-       GS3D_GGR_AHEAD blocks ahead.  grad_output's point p is at go + p gp with its channels
-       at step gc: read in place when gc is 1, else staged into ``stage`` (64 * 64 floats,
-       the kernels' STAGE): the whole tile at once when its points are at step 1 and C * cnt
-       fits (gs3d_transpose_f, as the tile loop stages it), else eight points at a time by
-       8 x 8 transpositions.  Offsets are int32 (the caller checks int32_offsets). */
+    /* backward_tile for cnt <= 64 float32 points with channels contiguous in the input (W
+       stride sx), in the accumulator A (W stride ax) when do_dx, C a multiple of 8, bilinear
+       zeros/border padding: setup_tile and gs3d_cl_run's operations and bits without the
+       tile's arrays.  The points are mapped eight at a time by gs3d_map8 (setup_tile_f's
+       mapping: the same masks, weights and multipliers; the points owned and the corners in
+       the depth slab [zlo, zhi) as gs3d_backward_gather_body finds them; with ``prefetch``,
+       the first block's corner rows prefetched at once, every later point's by the point
+       eight before it, as the tile loop's AHEAD does); then point by point,
+       in order, its corner dots (gs3d_cl_dot, reduced by gs3d_cl_reduce8) and its scatter
+       (gs3d_cl_run's), and the eight points' grid gradients together (gs3d_grid_grad8).
+       grad_output's point p is at go + p gp with its channels at step gc: read in place when
+       gc is 1, else staged into ``stage`` (64 * 64 floats, the kernels' STAGE): the whole
+       tile at once when its points are at step 1 and C * cnt fits (gs3d_transpose_f, as the
+       tile loop stages it; the next tile's nxt points prefetched), else eight points at a
+       time by 8 x 8 transpositions.  Offsets are int32 (the caller checks int32_offsets). */
     typedef struct {
-        const float* x; const float* q; const float* go; float* dq;
-        Py_ssize_t sx, sy, sz, W, H, D, C, qp, qc, gp, gc, dp, dc, nxt;
-        int align, border, prefetch;
-    } gs3d_ggr_args;
-    #define GS3D_GGR_AHEAD 2
-    GS3D_ALWAYS_INLINE void gs3d_grid_grad_rows_body(const gs3d_ggr_args* a, Py_ssize_t cnt,
-                                                     float* stage, const Py_ssize_t C) {
-        const Py_ssize_t sx = a->sx, sy = a->sy, sz = a->sz;
+        const float* x; float* A; const float* q; const float* go; float* dq;
+        Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
+        int align, border, do_dx, do_dg, own_all, prefetch;
+    } gs3d_rows_args;
+    /* the corner rows of the points of block B: of the input for the points owned, of the
+       accumulator for those with corners in the slab */
+    static inline void gs3d_rows_prefetch8(const gs3d_rows_args* a, const gs3d_bblock8* B,
+                                           Py_ssize_t rlo, Py_ssize_t rlen, Py_ssize_t alo,
+                                           Py_ssize_t alen) {
+        if (B->ownb)
+            gs3d_prefetch_rows8(a->x, B->base, (unsigned)B->ownb, a->sy, a->sz, rlo, rlen);
+        if (B->slabb)
+            gs3d_prefetch_rows8(a->A, B->abase, (unsigned)B->slabb, a->ay, a->az, alo, alen);
+    }
+    GS3D_ALWAYS_INLINE void gs3d_backward_rows_body(const gs3d_rows_args* a, Py_ssize_t cnt,
+                                                    float* stage, const Py_ssize_t C,
+                                                    const int dx) {
+        const Py_ssize_t sx = a->sx, sy = a->sy, sz = a->sz, ax = a->ax, ay = a->ay, az = a->az;
         const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
+        const Py_ssize_t alo = ax < 0 ? 4 * ax : 0, alen = 4 * ((ax < 0 ? -ax : ax) + C);
+        const int all_planes = a->zlo <= 0 && a->zhi >= a->D;
         const __m256 zero = _mm256_setzero_ps();
         gs3d_cl_args xa;            /* gs3d_cl_dot reads only its x */
-        gs3d_block8 blk[8];
-        __m256 mult[8][3], R[8], v[8], d[8], mv[3], gx, gy, gz;
-        __m256i idx[3], okv[3], okall, mj[8], mall;
-        float gx8[8], gy8[8], gz8[8];
-        int ol[8][8];
-        unsigned mb[8], vd;
+        gs3d_bblock8 blk[8];
+        __m256 R[8], v[8], d[8], mv[3], gx, gy, gz;
+        __m256i idx[3], okv[3], vld, mj[8], mall, slab, vs8;
+        float gx8[8], gy8[8], gz8[8], wa[8][8];
+        int ol[8][8], oa[8][8];
+        unsigned mb[8], vsb[8], vd, vs;
         Py_ssize_t p, c;
         int l, j, k, b, cb, nb, r, whole;
         memset(&xa, 0, sizeof(xa));
         xa.x = a->x;
         nb = (int)(cnt + 7) / 8;
         for (b = 0; b < nb; b++) {
-            gs3d_block8* B = &blk[b];
+            gs3d_bblock8* B = &blk[b];
             p = 8 * b;
             k = cnt - p < 8 ? (int)(cnt - p) : 8;
             gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
                       a->border, idx, B->m, B->w, okv, mv);
-            B->base = gs3d_offset8(idx, sx, sy, sz);
-            okall = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
+            vld = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
             for (j = 0; j < 3; j++)
-                mult[b][j] = _mm256_and_ps(mv[j], _mm256_castsi256_ps(okall));
+                B->mult[j] = _mm256_and_ps(mv[j], _mm256_castsi256_ps(vld));
+            B->iz = idx[2];
+            B->base = gs3d_offset8(idx, sx, sy, sz);
+            if (dx)
+                B->abase = gs3d_offset8(idx, ax, ay, az);
+            B->own = gs3d_own8(idx[2], a->own_all, a->zlo, a->zhi, a->D);
+            slab = gs3d_slab8(idx[2], all_planes, a->zlo, a->zhi);
+            B->ownb = (a->do_dg ? _mm256_movemask_ps(_mm256_castsi256_ps(B->own)) : 0)
+                      & ((1 << k) - 1);
+            B->slabb = (a->do_dx ? _mm256_movemask_ps(_mm256_castsi256_ps(slab)) : 0)
+                       & ((1 << k) - 1);
         }
-        /* grad_output with its points at step 1 in each channel plane (NCDHW): the whole
-           tile staged, the next tile's channel rows prefetched (nxt points) */
         whole = a->gc != 1 && a->gp == 1 && C * cnt <= 64 * 64;
         if (whole)
             gs3d_transpose_f(a->go, a->gc, C, cnt, stage, C, a->nxt);
-        for (b = 0; b < nb + GS3D_GGR_AHEAD; b++) {
-            /* block b's corner rows prefetched, then block b - GS3D_GGR_AHEAD done */
-            const gs3d_block8* B;
-            if (a->prefetch && b < nb) {
-                k = cnt - 8 * b < 8 ? (int)(cnt - 8 * b) : 8;
-                if (rlen <= 512)
-                    gs3d_prefetch_rows8(a->x, blk[b].base, (1u << k) - 1, sy, sz, rlo, rlen);
-                else
-                    gs3d_prefetch_corner_rows8(a->x, blk[b].base, (1u << k) - 1, sy, sz);
+        /* the first block's corner rows now, every later point's eight points ahead */
+        if (a->prefetch)
+            gs3d_rows_prefetch8(a, &blk[0], rlo, rlen, alo, alen);
+        for (cb = 0; cb < nb; cb++) {
+            const gs3d_bblock8* B = &blk[cb];
+            int nxo[8], nxa[8];
+            unsigned nown = 0, nsl = 0;
+            if (a->prefetch && cb + 1 < nb) {
+                nown = (unsigned)blk[cb + 1].ownb;
+                nsl = (unsigned)blk[cb + 1].slabb;
+                _mm256_storeu_si256((__m256i*)nxo, blk[cb + 1].base);
+                _mm256_storeu_si256((__m256i*)nxa, blk[cb + 1].abase);
             }
-            if (b < GS3D_GGR_AHEAD)
+            if (!(B->ownb | B->slabb)) {
+                /* nothing of these eight points is this call's */
+                if (nown | nsl)
+                    gs3d_rows_prefetch8(a, &blk[cb + 1], rlo, rlen, alo, alen);
                 continue;
-            cb = b - GS3D_GGR_AHEAD;
-            B = &blk[cb];
+            }
             p = 8 * cb;
             k = cnt - p < 8 ? (int)(cnt - p) : 8;
             mall = _mm256_set1_epi32(-1);
             for (j = 0; j < 8; j++) {
+                const Py_ssize_t cz = j >> 2, cy = (j >> 1) & 1, cx = j & 1;
                 mj[j] = gs3d_corner_mask8(B->m, j);
                 mall = _mm256_and_si256(mall, mj[j]);
                 mb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mj[j]));
-                _mm256_storeu_si256((__m256i*)ol[j], _mm256_add_epi32(B->base, _mm256_set1_epi32(
-                    (int)((j >> 2) * sz + ((j >> 1) & 1) * sy + (j & 1) * sx))));
+                _mm256_storeu_si256((__m256i*)ol[j], _mm256_add_epi32(B->base,
+                    _mm256_set1_epi32((int)(cz * sz + cy * sy + cx * sx))));
+                if (!dx)
+                    continue;
+                vs8 = mj[j];
+                if (!all_planes) {
+                    const __m256i z = _mm256_add_epi32(B->iz, _mm256_set1_epi32((int)cz));
+                    vs8 = _mm256_and_si256(vs8, _mm256_and_si256(
+                        _mm256_cmpgt_epi32(z, _mm256_set1_epi32((int)a->zlo - 1)),
+                        _mm256_cmpgt_epi32(_mm256_set1_epi32((int)a->zhi), z)));
+                }
+                vsb[j] = B->slabb ? (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(vs8))
+                                    & (unsigned)B->slabb : 0;
+                _mm256_storeu_ps(wa[j], gs3d_corner_weight8(B->w, j));
+                _mm256_storeu_si256((__m256i*)oa[j], _mm256_add_epi32(B->abase,
+                    _mm256_set1_epi32((int)(cz * az + cy * ay + cx * ax))));
             }
             if (a->gc != 1 && !whole) {
                 /* stage[l C + c] = channel c of point p + l */
@@ -1694,42 +1748,64 @@ cdef extern from *:
                 }
             }
             for (l = 0; l < 8; l++) {
-                vd = 0;
-                for (j = 0; j < 8; j++)
+                const float* go = a->gc == 1 ? a->go + (p + l) * a->gp
+                                  : stage + (whole ? p + l : l) * C;
+                for (r = 0; r < ((nown >> l) & 1 ? 4 : 0); r++)
+                    gs3d_cl_span((const char*)(a->x + nxo[l] + (r >> 1) * sz + (r & 1) * sy) + rlo,
+                                 rlen);
+                for (r = 0; r < ((nsl >> l) & 1 ? 4 : 0); r++)
+                    gs3d_cl_span((const char*)(a->A + nxa[l] + (r >> 1) * az + (r & 1) * ay) + alo,
+                                 alen);
+                vd = vs = 0;
+                for (j = 0; j < 8; j++) {
                     vd |= ((mb[j] >> l) & 1u) << j;
+                    if (dx)
+                        vs |= ((vsb[j] >> l) & 1u) << j;
+                }
+                if (!((B->ownb >> l) & 1))
+                    vd = 0;
                 R[l] = zero;
-                if (l < k && vd) {
-                    const float* go = a->gc == 1 ? a->go + (p + l) * a->gp
-                                      : stage + (whole ? p + l : l) * C;
+                if (vd) {
                     for (j = 0; j < 8; j++)
                         v[j] = (vd >> j) & 1 ? gs3d_cl_dot(&xa, go, ol[j][l], C, 0) : zero;
                     R[l] = gs3d_cl_reduce8(v);
                 }
+                for (j = 0; j < (dx ? 8 : 0); j++)
+                    if ((vs >> j) & 1)
+                        gs3d_cl_axpy(a->A + oa[j][l], wa[j][l], go, C);
             }
+            if (!B->ownb)
+                continue;
             /* R[k], lane l: point l's dot of corner 2k (k < 4) or 2 (k - 4) + 1 */
             gs3d_transpose8(R);
             for (j = 0; j < 8; j++)
                 d[j] = R[(j >> 1) + 4 * (j & 1)];
             gs3d_grid_grad8(d, B->w, mj, mall, &gx, &gy, &gz);
-            _mm256_storeu_ps(gx8, _mm256_mul_ps(mult[cb][0], gx));
-            _mm256_storeu_ps(gy8, _mm256_mul_ps(mult[cb][1], gy));
-            _mm256_storeu_ps(gz8, _mm256_mul_ps(mult[cb][2], gz));
+            _mm256_storeu_ps(gx8, _mm256_mul_ps(B->mult[0], gx));
+            _mm256_storeu_ps(gy8, _mm256_mul_ps(B->mult[1], gy));
+            _mm256_storeu_ps(gz8, _mm256_mul_ps(B->mult[2], gz));
             for (l = 0; l < k; l++) {
-                float* o = a->dq + (p + l) * a->dp;
-                o[0] = gx8[l];
-                o[a->dc] = gy8[l];
-                o[2 * a->dc] = gz8[l];
+                if ((B->ownb >> l) & 1) {
+                    float* o = a->dq + (p + l) * a->dp;
+                    o[0] = gx8[l];
+                    o[a->dc] = gy8[l];
+                    o[2 * a->dc] = gz8[l];
+                }
             }
         }
     }
-    static void gs3d_grid_grad_rows(const gs3d_ggr_args* a, Py_ssize_t cnt, float* stage) {
-        switch (a->C) {
-            case 8: gs3d_grid_grad_rows_body(a, cnt, stage, 8); break;
-            case 16: gs3d_grid_grad_rows_body(a, cnt, stage, 16); break;
-            case 32: gs3d_grid_grad_rows_body(a, cnt, stage, 32); break;
-            default: gs3d_grid_grad_rows_body(a, cnt, stage, a->C);
-        }
+    /* the usual channel counts with the channel loops unrolled, with and without the input
+       gradient */
+    #define GS3D_ROWS_CASES(DX) switch (a->C) { \
+            case 8: gs3d_backward_rows_body(a, cnt, stage, 8, DX); break; \
+            case 16: gs3d_backward_rows_body(a, cnt, stage, 16, DX); break; \
+            case 32: gs3d_backward_rows_body(a, cnt, stage, 32, DX); break; \
+            default: gs3d_backward_rows_body(a, cnt, stage, a->C, DX); }
+    static void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) {
+        if (a->do_dx) { GS3D_ROWS_CASES(1) }
+        else { GS3D_ROWS_CASES(0) }
     }
+    #undef GS3D_ROWS_CASES
     /* The forward's channels-last loop for C a multiple of 8 (AVX2 build), with
        forward_tile's bits: per channel, from +0, w_j * x_j added corner by corner in corner
        order over the corners in bounds.  16-bit inputs are converted as gs3d_cl_ld8 does (the
@@ -1810,11 +1886,11 @@ cdef extern from *:
     }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
     typedef struct {
-        const float* x; const float* q; const float* go; float* dq;
-        Py_ssize_t sx, sy, sz, W, H, D, C, qp, qc, gp, gc, dp, dc, nxt;
-        int align, border, prefetch;
-    } gs3d_ggr_args;
-    static void gs3d_grid_grad_rows(const gs3d_ggr_args* a, Py_ssize_t cnt, float* stage) {
+        const float* x; float* A; const float* q; const float* go; float* dq;
+        Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
+        int align, border, do_dx, do_dg, own_all, prefetch;
+    } gs3d_rows_args;
+    static void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) {
         (void)a; (void)cnt; (void)stage;
     }
     static void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
@@ -1900,14 +1976,15 @@ cdef extern from *:
         Py_ssize_t C, qc, px_lo, px_n, pa_lo, pa_n
         int cnt, tile, ahead, xkind, staged
     void gs3d_backward_cl_avx2(const gs3d_cl_args* a) noexcept nogil
-    ctypedef struct gs3d_ggr_args:
+    ctypedef struct gs3d_rows_args:
         const float* x
+        float* A
         const float* q
         const float* go
         float* dq
-        Py_ssize_t sx, sy, sz, W, H, D, C, qp, qc, gp, gc, dp, dc, nxt
-        int align, border, prefetch
-    void gs3d_grid_grad_rows(const gs3d_ggr_args* a, Py_ssize_t cnt, float* stage) noexcept nogil
+        Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt
+        int align, border, do_dx, do_dg, own_all, prefetch
+    void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) noexcept nogil
     void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                           float* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
     void gs3d_transpose_hf(const uint16_t* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,

@@ -52,7 +52,7 @@ from gs3d._helpers cimport (
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
-    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_ggr_args, gs3d_grid_grad_rows, gs3d_tile_planes_f, gs3d_tile_planes_h, gs3d_transpose_f,
+    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f, gs3d_tile_planes_h, gs3d_transpose_f,
     gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
 )
 
@@ -109,6 +109,20 @@ cdef enum:
 cdef enum:
     PREFETCH_BWD_MIN_KIB = 3072
     PREFETCH_FWD_MIN_KIB = 16384
+
+# gs3d_backward_rows (see backward_tile) against the tile loop it replaces, in-process A/B, 2
+# threads: with an input gradient it wins where a tile's points are close together (smooth
+# grids: 1x16x32^3 NDHWC 1.11-1.18x, NCDHW 1.00-1.12x, 1x16x64^3 1.02-1.12x, 8x8x32^3 and
+# 1x32x64^3 1.01-1.06x) but loses where they scatter over the volume (uniformly random grids
+# through it: 8x8x32^3 0.90-0.94x, 1x16x64^3 0.87-0.93x, 1x32x64^3 0.86-0.94x): there every
+# corner misses the cache, and the tile loop's separate set-up pass overlaps those misses
+# better.  So a tile scatters through it only when its points' depth coordinates span at most
+# ROWS_MAX_PLANES planes, or a quarter of the depth (tile_coherent: a uniformly random grid
+# spans all of it; the bench's smooth warps span 3-4 planes at 32^3, 7-15 at 128^3); the grid
+# gradient alone always takes it (1.07-1.49x at 32^3, 64^3 smooth 1.20-1.31x, random
+# 1.00-1.07x).  The bits are the same either way.
+cdef enum:
+    ROWS_MAX_PLANES = 8
 
 # NCDHW (channel stride not 1) runs through channels-last memory when it has at least
 # TRANSPOSE_MIN_C channels and the output has at least 1 / TRANSPOSE_MIN_FILL as many points as
@@ -1554,6 +1568,21 @@ cdef void nearest_scatter_slab(const store_t* grad, acc_t* A, Py_ssize_t* As, Ge
         p0 += k
 
 
+cdef inline bint tile_coherent(const float* q, Py_ssize_t qp, Py_ssize_t qc, int cnt,
+                              Py_ssize_t D) noexcept nogil:
+    """True when the depth coordinates of the cnt points at q, q + qp, ... (z at 2 qc) span
+    at most ROWS_MAX_PLANES planes of a depth D, or a quarter of them (see ROWS_MAX_PLANES).  An infinity, or a NaN
+    first, fails; later NaNs are passed over (only the speed depends on the answer)."""
+    cdef float lo = q[2 * qc], hi = q[2 * qc], z
+    cdef int i
+    for i in range(1, cnt):
+        z = q[i * qp + 2 * qc]
+        lo = z if z < lo else lo
+        hi = z if z > hi else hi
+    # (hi - lo) * D / 2 planes, either align_corners; NaN and infinities fail the test
+    return <double>(hi - lo) * <double>D <= 2.0 * max(<Py_ssize_t>ROWS_MAX_PLANES, D // 4)
+
+
 cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
                         acc_t* A, Py_ssize_t* As, acc_t* go, acc_t* dots, Geo* g, Tile* t,
                         Py_ssize_t n, Py_ssize_t p0, int cnt, Py_ssize_t zlo, Py_ssize_t zhi,
@@ -1582,7 +1611,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef bint staged, cl_ok
     cdef Py_ssize_t extra, pstep, nxt
     cdef Py_ssize_t qstep, gstep, dstep
-    cdef gs3d_ggr_args gg
+    cdef gs3d_rows_args rw
     if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
                               own_all)
@@ -1613,21 +1642,27 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
             gs3d_backward_gather_avx2(&ba, cnt)
             return
-    if (store_t is float and acc_t is float and GS3D_HAVE_SIMD_GATHER and not do_dx and own_all
-            and xc == 1 and C % 8 == 0 and 8 * C <= STAGE and g.padding != PAD_REFLECTION
+    if (store_t is float and acc_t is float and GS3D_HAVE_SIMD_GATHER and xc == 1
+            and C % 8 == 0 and 8 * C <= STAGE and g.padding != PAD_REFLECTION
             and flat_points(g.qs, g, &qstep) and flat_points(g.gs, g, &gstep)
-            and flat_points(g.os, g, &dstep) and int32_offsets(g, &g.xs[1])):
-        # the grid gradient alone, channels contiguous in the input: gs3d_grid_grad_rows, the
-        # channels-last loop's bits without the tile arrays of setup_tile (in-process A/B, 2
-        # threads: 1x16x32^3 1.19-1.43x, 8x8x32^3 1.40-1.49x, 1x32x64^3 smooth 1.20-1.31x,
-        # random 1.00-1.02x; tests/test_grid_grad_only.py)
-        gg.x, gg.q = &x[n * g.xs[0]], &q[n * g.qs[0] + p0 * qstep]
-        gg.go, gg.dq = &grad[n * g.gs[0] + p0 * gstep], &dq[n * g.os[0] + p0 * dstep]
-        gg.sx, gg.sy, gg.sz, gg.W, gg.H, gg.D, gg.C = g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D, C
-        gg.qp, gg.qc, gg.gp, gg.gc, gg.dp, gg.dc = qstep, g.qs[4], gstep, gc, dstep, g.os[4]
-        gg.align, gg.border, gg.prefetch = g.align, g.padding == PAD_BORDER, g.prefetch_bwd
-        gg.nxt = min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt)
-        gs3d_grid_grad_rows(&gg, cnt, <float*>dots)
+            and (not do_dg or flat_points(g.os, g, &dstep)) and int32_offsets(g, &g.xs[1])
+            and (not do_dx or (ac == 1 and int32_offsets(g, As)
+                               and tile_coherent(&q[n * g.qs[0] + p0 * qstep], qstep,
+                                                 g.qs[4], cnt, g.D)))):
+        # channels contiguous in the input (and the accumulator): gs3d_backward_rows, the
+        # channels-last loop's bits without the tile arrays of setup_tile (see ROWS_MAX_PLANES)
+        rw.x, rw.A, rw.q = &x[n * g.xs[0]], A, &q[n * g.qs[0] + p0 * qstep]
+        rw.go = &grad[n * g.gs[0] + p0 * gstep]
+        rw.dq, rw.dp, rw.dc = NULL, 0, 0
+        if do_dg:
+            rw.dq, rw.dp, rw.dc = &dq[n * g.os[0] + p0 * dstep], dstep, g.os[4]
+        rw.sx, rw.sy, rw.sz, rw.ax, rw.ay, rw.az = g.xs[3], g.xs[2], g.xs[1], As[2], As[1], As[0]
+        rw.W, rw.H, rw.D, rw.C = g.W, g.H, g.D, C
+        rw.qp, rw.qc, rw.gp, rw.gc = qstep, g.qs[4], gstep, gc
+        rw.zlo, rw.zhi, rw.nxt = zlo, zhi, min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt)
+        rw.align, rw.border, rw.prefetch = g.align, g.padding == PAD_BORDER, g.prefetch_bwd
+        rw.do_dx, rw.do_dg, rw.own_all = do_dx, do_dg, own_all
+        gs3d_backward_rows(&rw, cnt, <float*>dots)
         return
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
     # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_BWD_MIN_KIB)

@@ -1,8 +1,9 @@
-"""The grid gradient alone (output_mask (False, True)) of float32 inputs whose channels are
-contiguous (NDHWC, or NCDHW through its channels-last copy) and a multiple of 8 has its own
-kernel (gs3d_grid_grad_rows: no per-tile arrays).  SPEC "Output mask" and "Determinism": it
-must give bitwise the grid gradient of the call that also computes the input gradient (the
-tile loop), at every thread count, for every way grad_output is laid out, and agree with the
+"""The float32 backward of a multiple of 8 channels contiguous in the input (NDHWC, or NCDHW
+through its channels-last copy) runs through gs3d_backward_rows (no per-tile arrays): the grid
+gradient alone always, the full call for tiles whose points are close together in depth
+(tile_coherent), the tile loop otherwise and wherever the accumulator's channels are not
+contiguous.  SPEC "Output mask" and "Determinism": each must give bitwise the tile loop's
+results, at every thread count, for every way grad_output is laid out, and agree with the
 reference.
 """
 import numpy as np
@@ -13,18 +14,27 @@ from gs3d import reference as ref
 from conftest import TOLERANCE, rel_err, to_layout
 
 # Wo = 13: a partial block of eight points at the end of every row of 13 (and tiles of 64
-# points end mid-block); C = 72: more channels than one tile's staging holds at once
-SHAPES = [(1, 8, (6, 7, 9), (5, 6, 13)), (2, 16, (4, 5, 19), (4, 5, 13)),
-          (1, 72, (3, 4, 6), (3, 4, 13))]
+# points end mid-block); C = 72: more channels than one tile's staging holds at once.  D = 40:
+# a uniformly random grid's tiles span more than a quarter of the depth, so the full call
+# takes the tile loop there
+SHAPES = [(1, 8, (40, 7, 9), (5, 6, 13)), (2, 16, (40, 5, 19), (4, 5, 13)),
+          (1, 72, (40, 4, 6), (3, 4, 13))]
 CFGS = [dict(), dict(padding_mode="border"), dict(align_corners=True),
         dict(padding_mode="border", align_corners=True)]
 
 
-def _case(N, C, in_sp, out_sp, seed):
+def _case(N, C, in_sp, out_sp, seed, spread=1.2):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((N, C) + in_sp).astype(np.float32)
     go = rng.standard_normal((N, C) + out_sp).astype(np.float32)
-    q = rng.uniform(-1.2, 1.2, (N,) + out_sp + (3,)).astype(np.float32)
+    if spread is None:
+        # close to the identity: every tile's points within a few planes of depth
+        axes = [np.linspace(-1.0, 1.0, n) for n in out_sp]
+        zz, yy, xx = np.meshgrid(*axes, indexing="ij")
+        q = np.stack([xx, yy, zz], -1)[None] + rng.normal(0, 0.03, (N,) + out_sp + (3,))
+        q = q.astype(np.float32)
+    else:
+        q = rng.uniform(-spread, spread, (N,) + out_sp + (3,)).astype(np.float32)
     # coordinates on the edges, and non-finite ones (SPEC "Non-finite coordinates")
     q.reshape(-1, 3)[:5] = [[1.0, -1.0, 0.5], [np.nan, 0.0, 0.0], [np.inf, 0.1, 0.2],
                             [-np.inf, -0.3, 0.9], [0.2, 0.3, np.nan]]
@@ -33,28 +43,60 @@ def _case(N, C, in_sp, out_sp, seed):
 
 def _strided(a):
     """``a`` as a view whose points are not adjacent (every other element of a buffer twice
-    as wide along the last spatial axis for NCDHW, along the channel axis for NDHWC)."""
-    shape = a.shape[:-1] + (2 * a.shape[-1],)
-    buf = np.full(shape, np.nan, a.dtype)
+    as wide along the last axis: W for NCDHW, the channels for NDHWC)."""
+    buf = np.full(a.shape[:-1] + (2 * a.shape[-1],), np.nan, a.dtype)
     view = buf[..., ::2]
     view[...] = a
     return view
 
 
+def _check_reference(got, x, q, go, cfg):
+    want = ref.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
+                                       q.astype(np.float64), **cfg)
+    for a, r in zip(got, want):
+        assert rel_err(a, r) <= TOLERANCE["float32"], cfg
+
+
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"C{s[1]}")
 @pytest.mark.parametrize("strided", [False, True])
-def test_grid_grad_alone_is_the_full_calls(layout, shape, strided):
+def test_grid_grad_alone_is_the_tile_loops(layout, shape, strided):
     x, q, go = _case(*shape, seed=shape[1])
     xl, gl = to_layout(x, layout), to_layout(go, layout)
     if strided:
         gl = _strided(gl)
     for cfg in CFGS:
-        _, want = gs3d.grid_sample_3d_backward(gl, xl, q, layout=layout, num_threads=1, **cfg)
-        _, r = ref.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
-                                           q.astype(np.float64), **cfg)
-        assert rel_err(want, r) <= TOLERANCE["float32"], cfg
+        full = gs3d.grid_sample_3d_backward(gl, xl, q, layout=layout, num_threads=1, **cfg)
+        _check_reference((np.moveaxis(full[0], 4, 1) if layout == "NDHWC" else full[0],
+                          full[1]), x, q, go, cfg)
         for nt in (1, 2, 3):
             _, dg = gs3d.grid_sample_3d_backward(gl, xl, q, layout=layout, num_threads=nt,
                                                  output_mask=(False, True), **cfg)
-            assert np.array_equal(dg.view(np.uint32), want.view(np.uint32)), (cfg, nt)
+            assert np.array_equal(dg.view(np.uint32), full[1].view(np.uint32)), (cfg, nt)
+
+
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"C{s[1]}")
+@pytest.mark.parametrize("mask", [(True, True), (True, False)])
+def test_coherent_tiles_give_the_tile_loops_bits(layout, shape, mask):
+    """A grid near the identity: with a dense input_grad its coherent tiles take
+    gs3d_backward_rows.  NDHWC into a strided input_grad (channels not contiguous in the
+    accumulator) takes the tile loop; the same bits.  (NCDHW accumulates channels-last either
+    way: there the strided input_grad moves only the input copy, which must not matter.)"""
+    x, q, go = _case(*shape, seed=shape[1] + 1, spread=None)
+    xl, gl = to_layout(x, layout), to_layout(go, layout)
+    for cfg in CFGS:
+        for nt in (1, 2, 3):
+            dense = gs3d.grid_sample_3d_backward(gl, xl, q, layout=layout, num_threads=nt,
+                                                 output_mask=mask, **cfg)
+            strided = _strided(np.zeros(xl.shape, np.float32))
+            tiles = gs3d.grid_sample_3d_backward(gl, xl, q, layout=layout, num_threads=nt,
+                                                 output_mask=mask, input_grad=strided, **cfg)
+            for a, b in zip(dense, tiles):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    assert np.array_equal(np.ascontiguousarray(a).view(np.uint32),
+                                          np.ascontiguousarray(b).view(np.uint32)), (cfg, nt)
+        if mask == (True, True):
+            _check_reference((np.moveaxis(dense[0], 4, 1) if layout == "NDHWC" else dense[0],
+                              dense[1]), x, q, go, cfg)
