@@ -306,6 +306,12 @@ cdef extern from *:
         unsigned char *vd, *vs, *own;
         double *okv, *f, *w, *mult;
     } gs3d_setup_args;
+    /* arguments of gs3d_backward_rows (below) */
+    typedef struct {
+        const float* x; float* A; const float* q; const float* go; float* dq;
+        Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
+        int align, border, do_dx, do_dg, own_all, prefetch;
+    } gs3d_rows_args;
     /* arguments of gs3d_backward_cl_avx2 (below) */
     typedef struct {
         const float* x; float* A; const float* go; float* dq;
@@ -1357,15 +1363,16 @@ cdef extern from *:
     }
     /* dst[c] += w * go[c] for the C (a multiple of 8) channels: gs3d_axpy_f's products and
        sums (sixteen lanes at a time in the AVX-512 build when C is a multiple of 16) */
-    GS3D_ALWAYS_INLINE void gs3d_cl_axpy(float* dst, float wf, const float* go, const Py_ssize_t C) {
+    GS3D_ALWAYS_INLINE void gs3d_cl_axpy(float* dst, float wf, const float* go,
+                                         const Py_ssize_t C) {
         const __m256 w = _mm256_set1_ps(wf);
         Py_ssize_t c;
     #if defined(__AVX512F__) && defined(__AVX512DQ__)
         if (C % 16 == 0) {
             const __m512 w16 = _mm512_broadcastss_ps(_mm256_castps256_ps128(w));
             for (c = 0; c < C; c += 16)
-                _mm512_storeu_ps(dst + c, _mm512_add_ps(_mm512_loadu_ps(dst + c),
-                                                        _mm512_mul_ps(w16, _mm512_loadu_ps(go + c))));
+                _mm512_storeu_ps(dst + c, _mm512_add_ps(
+                    _mm512_loadu_ps(dst + c), _mm512_mul_ps(w16, _mm512_loadu_ps(go + c))));
             return;
         }
     #endif
@@ -1383,8 +1390,10 @@ cdef extern from *:
         v[4] = gs3d_cl_fold(v[4], v[5]);
         v[6] = gs3d_cl_fold(v[6], v[7]);
         /* (0 4) + (2 6) and (1 5) + (3 7), two corners per half */
-        e = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[2], 0x44), _mm256_shuffle_ps(v[0], v[2], 0xEE));
-        h = _mm256_add_ps(_mm256_shuffle_ps(v[4], v[6], 0x44), _mm256_shuffle_ps(v[4], v[6], 0xEE));
+        e = _mm256_add_ps(_mm256_shuffle_ps(v[0], v[2], 0x44),
+                          _mm256_shuffle_ps(v[0], v[2], 0xEE));
+        h = _mm256_add_ps(_mm256_shuffle_ps(v[4], v[6], 0x44),
+                          _mm256_shuffle_ps(v[4], v[6], 0xEE));
         /* their sums: the dots of corners 0 2 4 6 | 1 3 5 7 */
         return _mm256_add_ps(_mm256_shuffle_ps(e, h, 0x88), _mm256_shuffle_ps(e, h, 0xDD));
     }
@@ -1632,11 +1641,6 @@ cdef extern from *:
        tile at once when its points are at step 1 and C * cnt fits (gs3d_transpose_f, as the
        tile loop stages it; the next tile's nxt points prefetched), else eight points at a
        time by 8 x 8 transpositions.  Offsets are int32 (the caller checks int32_offsets). */
-    typedef struct {
-        const float* x; float* A; const float* q; const float* go; float* dq;
-        Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
-        int align, border, do_dx, do_dg, own_all, prefetch;
-    } gs3d_rows_args;
     /* the corner rows of the points of block B: of the input for the points owned, of the
        accumulator for those with corners in the slab */
     static inline void gs3d_rows_prefetch8(const gs3d_rows_args* a, const gs3d_bblock8* B,
@@ -1678,8 +1682,7 @@ cdef extern from *:
                 B->mult[j] = _mm256_and_ps(mv[j], _mm256_castsi256_ps(vld));
             B->iz = idx[2];
             B->base = gs3d_offset8(idx, sx, sy, sz);
-            if (dx)
-                B->abase = gs3d_offset8(idx, ax, ay, az);
+            B->abase = dx ? gs3d_offset8(idx, ax, ay, az) : _mm256_setzero_si256();
             B->own = gs3d_own8(idx[2], a->own_all, a->zlo, a->zhi, a->D);
             slab = gs3d_slab8(idx[2], all_planes, a->zlo, a->zhi);
             B->ownb = (a->do_dg ? _mm256_movemask_ps(_mm256_castsi256_ps(B->own)) : 0)
@@ -1885,11 +1888,6 @@ cdef extern from *:
         (void)lo; (void)hi;
     }
     static void gs3d_backward_cl_avx2(const gs3d_cl_args* a) { (void)a; }
-    typedef struct {
-        const float* x; float* A; const float* q; const float* go; float* dq;
-        Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
-        int align, border, do_dx, do_dg, own_all, prefetch;
-    } gs3d_rows_args;
     static void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) {
         (void)a; (void)cnt; (void)stage;
     }

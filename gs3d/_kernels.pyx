@@ -52,8 +52,8 @@ from gs3d._helpers cimport (
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
-    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f, gs3d_tile_planes_h, gs3d_transpose_f,
-    gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
+    gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f,
+    gs3d_tile_planes_h, gs3d_transpose_f, gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
 )
 
 ctypedef fused store_t:
@@ -1571,8 +1571,9 @@ cdef void nearest_scatter_slab(const store_t* grad, acc_t* A, Py_ssize_t* As, Ge
 cdef inline bint tile_coherent(const float* q, Py_ssize_t qp, Py_ssize_t qc, int cnt,
                               Py_ssize_t D) noexcept nogil:
     """True when the depth coordinates of the cnt points at q, q + qp, ... (z at 2 qc) span
-    at most ROWS_MAX_PLANES planes of a depth D, or a quarter of them (see ROWS_MAX_PLANES).  An infinity, or a NaN
-    first, fails; later NaNs are passed over (only the speed depends on the answer)."""
+    at most ROWS_MAX_PLANES planes of a depth D, or a quarter of them (see ROWS_MAX_PLANES).
+    An infinity, or a NaN first, fails; later NaNs are passed over (only the speed depends on
+    the answer)."""
     cdef float lo = q[2 * qc], hi = q[2 * qc], z
     cdef int i
     for i in range(1, cnt):
