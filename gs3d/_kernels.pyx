@@ -81,6 +81,8 @@ cdef struct Geo:
     Py_ssize_t qp, op    # and its point strides of the grid and grad_output / the output
     Py_ssize_t dp        # and of grid_grad (backward)
     Py_ssize_t xlast     # offset of the input's highest-addressed element (16-bit gathers)
+    bint rows            # the backward's tiles may take gs3d_backward_rows (see backward_run)
+    bint rows_dx         # and with an input gradient, by its accumulator's offsets
 
 
 cdef enum:
@@ -340,6 +342,7 @@ cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssiz
     g.prefetch_fwd = kib > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
     g.prefetch_bwd = kib > <Py_ssize_t>PREFETCH_BWD_MIN_KIB
     g.qp = g.op = g.dp = 0
+    g.rows = g.rows_dx = False
 
 
 cdef bint flat_points(const Py_ssize_t* s, Geo* g, Py_ssize_t* step) noexcept nogil:
@@ -1611,7 +1614,6 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef gs3d_cl_args cl
     cdef bint staged, cl_ok
     cdef Py_ssize_t extra, pstep, nxt
-    cdef Py_ssize_t qstep, gstep, dstep
     cdef gs3d_rows_args rw
     if g.mode == MODE_NEAREST:
         nearest_backward_tile(grad, q, dq, A, As, go, g, t, n, p0, cnt, zlo, zhi, do_dx, do_dg,
@@ -1643,23 +1645,20 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
             gs3d_backward_gather_avx2(&ba, cnt)
             return
-    if (store_t is float and acc_t is float and GS3D_HAVE_SIMD_GATHER and xc == 1
-            and C % 8 == 0 and 8 * C <= STAGE and g.padding != PAD_REFLECTION
-            and flat_points(g.qs, g, &qstep) and flat_points(g.gs, g, &gstep)
-            and (not do_dg or flat_points(g.os, g, &dstep)) and int32_offsets(g, &g.xs[1])
-            and (not do_dx or (ac == 1 and int32_offsets(g, As)
-                               and tile_coherent(&q[n * g.qs[0] + p0 * qstep], qstep,
-                                                 g.qs[4], cnt, g.D)))):
+    if (store_t is float and acc_t is float and g.rows
+            and (not do_dx or (g.rows_dx and ac == 1
+                               and tile_coherent(&q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
+                                                 cnt, g.D)))):
         # channels contiguous in the input (and the accumulator): gs3d_backward_rows, the
         # channels-last loop's bits without the tile arrays of setup_tile (see ROWS_MAX_PLANES)
-        rw.x, rw.A, rw.q = &x[n * g.xs[0]], A, &q[n * g.qs[0] + p0 * qstep]
-        rw.go = &grad[n * g.gs[0] + p0 * gstep]
+        rw.x, rw.A, rw.q = &x[n * g.xs[0]], A, &q[n * g.qs[0] + p0 * g.qp]
+        rw.go = &grad[n * g.gs[0] + p0 * g.op]
         rw.dq, rw.dp, rw.dc = NULL, 0, 0
         if do_dg:
-            rw.dq, rw.dp, rw.dc = &dq[n * g.os[0] + p0 * dstep], dstep, g.os[4]
+            rw.dq, rw.dp, rw.dc = &dq[n * g.os[0] + p0 * g.dp], g.dp, g.os[4]
         rw.sx, rw.sy, rw.sz, rw.ax, rw.ay, rw.az = g.xs[3], g.xs[2], g.xs[1], As[2], As[1], As[0]
         rw.W, rw.H, rw.D, rw.C = g.W, g.H, g.D, C
-        rw.qp, rw.qc, rw.gp, rw.gc = qstep, g.qs[4], gstep, gc
+        rw.qp, rw.qc, rw.gp, rw.gc = g.qp, g.qs[4], g.op, gc
         rw.zlo, rw.zhi, rw.nxt = zlo, zhi, min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt)
         rw.align, rw.border, rw.prefetch = g.align, g.padding == PAD_BORDER, g.prefetch_bwd
         rw.do_dx, rw.do_dg, rw.own_all = do_dx, do_dg, own_all
@@ -2334,6 +2333,16 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                           and (cl or not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
                                                                   else g.as_))
                           and (not want_dg or flat_points(gp.os, gp, &gp.dp)))
+    elif store_t is float:
+        # gs3d_backward_rows (see backward_tile): judged once per call, its point steps kept
+        # in gp.qp, gp.op, gp.dp; the accumulator's offsets (the channels-last one, or dx)
+        gp.rows = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR and gp.xs[4] == 1
+                   and g.C % 8 == 0 and 8 * g.C <= STAGE and g.padding != PAD_REFLECTION
+                   and flat_points(gp.qs, gp, &gp.qp) and flat_points(gp.gs, gp, &gp.op)
+                   and (not want_dg or flat_points(gp.os, gp, &gp.dp))
+                   and int32_offsets(gp, &gp.xs[1]))
+        if gp.rows and want_dx:
+            gp.rows_dx = int32_offsets(g, Acl) if cl else int32_offsets(g, &g.ds[1])
     ntiles = (P + TILE - 1) // TILE
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0
