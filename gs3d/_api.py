@@ -157,7 +157,11 @@ class _Resources:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         # (nearest's backward never reads the input, so it makes no copy of it)
         copy_in = self.cl and not want_dx and not (backward and pb.mode == MODES["nearest"])
-        self.xcl = aligned_empty((D * H * W * pb.C if copy_in else 1,), store)
+        # with at least as many batch items as threads, the forward and the grid gradient
+        # alone copy whole items, one per thread (at most the size of a float32 input:
+        # float64 needs N >= 2 threads)
+        k = nt if 1 < nt and nt * np.dtype(store).itemsize <= 4 * pb.N else 1
+        self.xcl = aligned_empty((D * H * W * pb.C * k if copy_in else 1,), store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled

@@ -267,6 +267,33 @@ def test_threads_take_whole_batch_items(dtype, cfg, mask):
         assert got[0] is buf and same(np.ascontiguousarray(buf), want[1]), nt
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cfg", CFGS, ids=["zeros", "border-ac", "reflection", "nearest"])
+def test_forward_and_grid_gradient_copy_whole_items(dtype, cfg):
+    """The forward and the grid gradient alone, with at least as many batch items as threads
+    (float64: twice as many), copy whole items, each thread into its own part of the copy
+    buffer: the plans hold one copy per thread, and the results are bitwise those of the
+    channels-last layout at every thread count, with more items than threads and exactly as
+    many.  (Nearest's grid gradient reads no input and makes no copy.)"""
+    itemsize = np.dtype(np_dtype(dtype)).itemsize
+    for n in (9, 4):
+        x, q, go = make(dtype, 8, n=n, seed=12)
+        assert pays(x, q)
+        want = channels_last_results(x, q, go, (False, True), cfg)
+        item = x[0].size
+        for nt in (1, 2, 3, 4):
+            copies = nt if 1 < nt and nt * itemsize <= 4 * n else 1
+            fplan = gs3d.plan_forward(x.shape, q.shape, x.dtype, num_threads=nt, **cfg)
+            assert fplan._res.xcl.size == copies * item, (n, nt)
+            bplan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=nt,
+                                       output_mask=(False, True), **cfg)
+            assert bplan._res.xcl.size == (1 if cfg.get("mode") == "nearest"
+                                           else copies * item), (n, nt)
+            for _ in range(2):
+                assert same(fplan(x, q), want[0]), (n, nt)
+                assert same(bplan(go, x, q)[1], want[2]), (n, nt)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_threads_take_whole_batch_items_against_torch(dtype):
     torch = pytest.importorskip("torch")
