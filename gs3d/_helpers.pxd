@@ -20,6 +20,9 @@ cdef extern from *:
     #endif
     #include <string.h>
     #include <math.h>
+    /* the padding codes of the kernels' ``border`` arguments (PAD_* below): 0 zeros, 1 border,
+       2 reflection (only gs3d_map4 and gs3d_axis8 tell 1 from 2) */
+    #define GS3D_PAD_REFLECTION 2
     static int gs3d_cpu_has_avx2(void) {
     #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
         __builtin_cpu_init();
@@ -267,7 +270,7 @@ cdef extern from *:
         (void)go; (void)x; (void)C; (void)bf; return 0.0f;
     }
     #endif
-    /* The float32 forward under bilinear zeros/border padding, eight points per step with
+    /* The float32 bilinear forward (any padding), eight points per step with
        AVX2 (the AVX2 build only; GS3D_HAVE_SIMD_GATHER says whether it is there).  It
        gives the bits of setup_tile + forward_tile: each axis mapped in double as gs3d_axis1
        maps it, weights rounded to float, wx * (wy * wz) per corner, corners summed from +0 in
@@ -339,6 +342,29 @@ cdef extern from *:
     #if defined(__AVX2__)
     #include <immintrin.h>
     #define GS3D_HAVE_SIMD_GATHER 1
+    /* fmod(t, per) of four lanes, t >= 0 (or NaN) and per > 0 an integer: t - floor(t / per) per,
+       corrected by one period when the quotient rounded up; exact, as fmod is, while
+       t < 2^52 (t and the period's multiples are then whole multiples of t's last bit); the
+       lanes in ``use`` with larger t, infinities or NaN go through fmod itself */
+    static inline __m256d gs3d_fmod4(__m256d t, __m256d per, __m256d use) {
+        const __m256d zero = _mm256_setzero_pd();
+        __m256d r = _mm256_sub_pd(t, _mm256_mul_pd(_mm256_floor_pd(_mm256_div_pd(t, per)), per));
+        int big, l;
+        r = _mm256_blendv_pd(r, _mm256_add_pd(r, per), _mm256_cmp_pd(r, zero, _CMP_LT_OQ));
+        big = _mm256_movemask_pd(_mm256_and_pd(
+            use, _mm256_cmp_pd(t, _mm256_set1_pd(4503599627370496.0), _CMP_NLT_UQ)));
+        if (big) {
+            double tv[4], rv[4], pv[4];
+            _mm256_storeu_pd(tv, t);
+            _mm256_storeu_pd(rv, r);
+            _mm256_storeu_pd(pv, per);
+            for (l = 0; l < 4; l++)
+                if ((big >> l) & 1)
+                    rv[l] = fmod(tv[l], pv[l]);
+            r = _mm256_loadu_pd(rv);
+        }
+        return r;
+    }
     static inline void gs3d_map4(__m256d gv, double sz, int align, int border,
                                  __m256d* fl, __m256d* fr, __m256d* okm, __m256d* mult) {
         const __m256d zero = _mm256_setzero_pd(), one = _mm256_set1_pd(1.0);
@@ -349,7 +375,36 @@ cdef extern from *:
             u = _mm256_mul_pd(_mm256_div_pd(_mm256_add_pd(gv, one), two), hi);
         else
             u = _mm256_div_pd(_mm256_sub_pd(_mm256_mul_pd(_mm256_add_pd(gv, one), szv), one), two);
-        if (border) {
+        if (border == GS3D_PAD_REFLECTION) {
+            /* map_coord's reflection lane by lane: finite coordinates only; t = u - lo folded
+               into [0, 2 span) (fmod, below), then into [0, span] with the multiplier's sign
+               flipped for each mirror; then clipped (clip_coord) */
+            const double lo = align ? 0.0 : -0.5, span = align ? sz - 1.0 : sz;
+            const __m256d sign = _mm256_set1_pd(-0.0);
+            ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
+            if (span == 0.0) {
+                u = zero;
+                m = zero;
+            } else {
+                const __m256d lov = _mm256_set1_pd(lo), spv = _mm256_set1_pd(span);
+                const __m256d per = _mm256_set1_pd(2.0 * span);
+                __m256d t = _mm256_sub_pd(u, lov), neg, r, up;
+                neg = _mm256_and_pd(_mm256_cmp_pd(t, zero, _CMP_LT_OQ), sign);
+                m = _mm256_xor_pd(m, neg);
+                t = _mm256_xor_pd(t, neg);
+                r = gs3d_fmod4(t, per, ok);
+                up = _mm256_cmp_pd(r, spv, _CMP_GE_OQ);
+                u = _mm256_blendv_pd(_mm256_add_pd(r, lov),
+                                     _mm256_add_pd(lov, _mm256_sub_pd(spv, _mm256_sub_pd(r, spv))),
+                                     up);
+                m = _mm256_xor_pd(m, _mm256_and_pd(up, sign));
+                ok = _mm256_and_pd(ok, _mm256_cmp_pd(u, u, _CMP_EQ_OQ));   /* overflowed */
+            }
+            m = _mm256_and_pd(m, _mm256_and_pd(_mm256_cmp_pd(u, zero, _CMP_GT_OQ),
+                                               _mm256_cmp_pd(u, hi, _CMP_LT_OQ)));
+            u = _mm256_blendv_pd(u, zero, _mm256_cmp_pd(u, zero, _CMP_LE_OQ));
+            u = _mm256_blendv_pd(u, hi, _mm256_cmp_pd(u, hi, _CMP_GE_OQ));
+        } else if (border) {
             __m256d edge = _mm256_blendv_pd(hi, zero, _mm256_cmp_pd(gv, zero, _CMP_LT_OQ));
             __m256d fin = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
             u = _mm256_blendv_pd(edge, u, fin);
@@ -442,10 +497,11 @@ cdef extern from *:
                               k > 6 ? gs3d_cl_ld1(x, xh, off + 6 * step, xk) : fill, fill);
     }
     /* The depth planes [*lo, *hi] that the cnt (> 0) float32 points at q, q + qp, ... (z at
-       q + 2 qc) need under bilinear zeros/border padding: tile_planes' hull of planes_needed
-       (corner planes z0, z0 + 1 and the key plane; a point that samples nothing needs plane
-       0 only), four points at a time, z mapped by gs3d_map4 (the mapping of axis_index).
-       The last point fills the lanes past cnt (the same planes again).  16-bit points
+       q + 2 qc) need under bilinear padding ``border`` (GS3D_PAD_*): tile_planes' hull of
+       planes_needed (corner planes z0, z0 + 1 and the key plane; a point that samples
+       nothing needs plane 0 only), four points at a time, z mapped by gs3d_map4 (the
+       mapping of axis_index).  The last point fills the lanes past cnt (the same planes
+       again).  16-bit points
        (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are converted exactly first, so
        the planes are those of the scalar loop too. */
     GS3D_ALWAYS_INLINE void gs3d_tile_planes_body(const float* qf, const uint16_t* qh,
@@ -504,9 +560,17 @@ cdef extern from *:
     /* The AVX-512 build maps the eight points of an axis in one 512-bit pass of doubles: the
        operations of gs3d_map4 lane by lane, its masks as mask registers (x / 2 and x * 0.5
        round alike), so the same bits as the AVX2 build's two 256-bit passes below. */
+    static inline void gs3d_axis8_256(__m256 c, double sz, int align, int border,
+                                      __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
+                                      __m256* w1, __m256i* ok, __m256* mult);
     static inline void gs3d_axis8(__m256 c, double sz, int align, int border,
                                   __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
                                   __m256* w1, __m256i* okv, __m256* mult) {
+        if (border == GS3D_PAD_REFLECTION) {
+            /* reflection: gs3d_map4's two passes (the AVX2 build's bits) */
+            gs3d_axis8_256(c, sz, align, border, idx, in0, in1, w0, w1, okv, mult);
+            return;
+        }
         const __m512d zero = _mm512_setzero_pd(), one = _mm512_set1_pd(1.0);
         const __m512d two = _mm512_set1_pd(2.0), szv = _mm512_set1_pd(sz);
         const __m512d hi = _mm512_set1_pd(sz - 1.0);
@@ -550,9 +614,19 @@ cdef extern from *:
         *w0 = _mm512_cvtpd_ps(_mm512_sub_pd(one, fr));
     }
     #else
+    static inline void gs3d_axis8_256(__m256 c, double sz, int align, int border,
+                                      __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
+                                      __m256* w1, __m256i* ok, __m256* mult);
     static inline void gs3d_axis8(__m256 c, double sz, int align, int border,
                                   __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
                                   __m256* w1, __m256i* ok, __m256* mult) {
+        gs3d_axis8_256(c, sz, align, border, idx, in0, in1, w0, w1, ok, mult);
+    }
+    #endif
+    /* one axis of eight points as two passes of gs3d_map4 (border: GS3D_PAD_*) */
+    static inline void gs3d_axis8_256(__m256 c, double sz, int align, int border,
+                                      __m256i* idx, __m256i* in0, __m256i* in1, __m256* w0,
+                                      __m256* w1, __m256i* ok, __m256* mult) {
         __m256d fl0, fr0, fl1, fr1, ok0, ok1, m0, m1;
         const __m256d one = _mm256_set1_pd(1.0);
         const int n = (int)sz;
@@ -571,7 +645,6 @@ cdef extern from *:
         *w0 = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_sub_pd(one, fr1)),
                               _mm256_cvtpd_ps(_mm256_sub_pd(one, fr0)));
     }
-    #endif
     /* Load and map the k (<= 8) points at q, q + qp, ... (coordinate stride qc): per axis
        (x, y, z) the int32 corner-0 index idx, the in-bounds masks of corners 0 and 1 into
        m[2 axis], m[2 axis + 1], the weights into w[...] alike, and the sample and multiplier
@@ -900,7 +973,7 @@ cdef extern from *:
             }
         }
     }
-    /* setup_tile for float32 points at a fixed step under bilinear zeros/border padding, eight
+    /* setup_tile for float32 points at a fixed step under bilinear padding (any), eight
        points at a time through gs3d_map8 (the mapping, masks and weights of the gather
        kernels, which give setup_tile's bits): the weights wx * (wy * wz) and the per-axis
        (1 - frac, frac) in float, stored as doubles as setup_tile keeps them; the corner masks;
@@ -1005,7 +1078,7 @@ cdef extern from *:
             gs3d_forward_gather_body(NULL, x, 1, sx, sy, sz, W, H, D, C, xc, NULL, q, qp, qc,
                                      NULL, out, op, oc, cnt, align, border, 0, xlast);
     }
-    /* The float32 backward under bilinear zeros/border padding for up to 7 channels
+    /* The float32 bilinear backward (any padding) for up to 7 channels
        (BWD_GATHER_MAX_C), eight points per step with AVX2: the bits of setup_tile +
        backward_tile.  Per block of eight points, vectorised: the mapping (with the
        grid-gradient factors), corner masks and weights, the gathers and channel dots of the
@@ -1628,7 +1701,7 @@ cdef extern from *:
     #undef GS3D_CL_CASES
     /* backward_tile for cnt <= 64 float32 points with channels contiguous in the input (W
        stride sx), in the accumulator A (W stride ax) when do_dx, C a multiple of 8, bilinear
-       zeros/border padding: setup_tile and gs3d_cl_run's operations and bits without the
+       any padding: setup_tile and gs3d_cl_run's operations and bits without the
        tile's arrays.  The points are mapped eight at a time by gs3d_map8 (setup_tile_f's
        mapping: the same masks, weights and multipliers; the points owned and the corners in
        the depth slab [zlo, zhi) as gs3d_backward_gather_body finds them; with ``prefetch``,

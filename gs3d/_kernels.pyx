@@ -135,7 +135,7 @@ cdef enum:
 # Measured at one thread (64^3 input, C = 8 and 32, smooth and random grids): with P at 0.42 and
 # 0.24 of the volume the copies won 1.0-4x in all but one case (grid gradient only, C = 8:
 # 0.84x); at 0.125 they lost up to 0.7x on smooth grids, at 0.03 up to 0.4x.
-# The float32 bilinear backward under zeros/border padding (the AVX2 gather backward's case,
+# The float32 bilinear backward (the AVX2 gather backward's case,
 # whichever build runs it, so that both builds take one path and give one set of bits) takes
 # the copies from TRANSPOSE_FEW_MIN_C channels: the gather backward on the channels-last copy
 # reads and scatters a corner's channels in one or two lines, not in C planes (and from four
@@ -223,11 +223,11 @@ cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py
 cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
                                    int padding) noexcept nogil:
     """The backward whose NCDHW input takes the channels-last copies from
-    TRANSPOSE_FEW_MIN_C channels: bilinear, zeros or border padding (the AVX2 gather
+    TRANSPOSE_FEW_MIN_C channels: bilinear, any padding (the AVX2 gather
     backward's case, whichever build runs), float32 storage (``itemsize`` 4), or 16-bit
     storage with exactly TRANSPOSE_FEW_MIN_C channels (its one 128-bit read-modify-write per
     corner; see TRANSPOSE_MIN_C)."""
-    return (mode == MODE_BILINEAR and padding != PAD_REFLECTION
+    return (mode == MODE_BILINEAR
             and (itemsize == 4 or (itemsize == 2 and C == TRANSPOSE_FEW_MIN_C)))
 
 
@@ -377,7 +377,7 @@ cdef void enable_simd_gather(Geo* g) noexcept nogil:
     border padding, grid and output points at fixed steps, int32 offsets."""
     g.simd_gather = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR
                      and (g.C <= GATHER_MAX_C or (g.C % 8 == 0 and g.xs[4] == 1))
-                     and g.padding != PAD_REFLECTION and int32_offsets(g, &g.xs[1])
+                     and int32_offsets(g, &g.xs[1])
                      and flat_points(g.qs, g, &g.qp) and flat_points(g.gs, g, &g.op))
     if g.C > GATHER_MAX_C:
         # the point-by-point branch: output channels contiguous, or its points at step 1
@@ -752,7 +752,7 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     type ``acc_t`` (``As_dummy`` only selects it) and kept as doubles, which hold them
     exactly.  Corners out of bounds get no flag bit; their offsets are never read or written
     through (at most prefetched, which cannot fault).  float32 or 16-bit points at a fixed step
-    under zeros/border padding take gs3d_setup_tile_f (eight points at a time, the same arrays
+    (any padding) take gs3d_setup_tile_f (eight points at a time, the same arrays
     and bits; 16-bit coordinates converted exactly) in the SIMD builds.
     """
     cdef Py_ssize_t key, x0, y0, z0
@@ -773,7 +773,6 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
     all_planes = zlo <= 0 and zhi >= g.D      # the slab test cannot clear an in-bounds corner
     if store_t is not double and acc_t is float:
         if (GS3D_HAVE_SIMD_GATHER and (store_t is float or GS3D_HAVE_HALF_SIMD)
-                and g.padding != PAD_REFLECTION
                 and max(g.W, max(g.H, g.D)) <= <Py_ssize_t>SETUP8_MAX_SIZE
                 and flat_points(g.qs, g, &sa.qp)):
             # eight points at a time in C (gs3d_setup_tile_f), the same arrays and bits; its
@@ -787,7 +786,7 @@ cdef void setup_tile(const store_t* q, Geo* g, acc_t* As_dummy, Py_ssize_t* As, 
             sa.qc, sa.W, sa.H, sa.D = g.qs[4], g.W, g.H, g.D
             sa.xo, sa.sx, sa.sy, sa.sz = n * g.xs[0], g.xs[3], g.xs[2], g.xs[1]
             sa.ax, sa.ay, sa.az, sa.zlo, sa.zhi = As[2], As[1], As[0], zlo, zhi
-            sa.align, sa.border, sa.all_planes = g.align, g.padding == PAD_BORDER, all_planes
+            sa.align, sa.border, sa.all_planes = g.align, g.padding, all_planes
             sa.do_dx, sa.do_dg, sa.own_all, sa.cnt, sa.tile = do_dx, do_dg, own_all, cnt, TILE
             sa.xb, sa.ab, sa.vd, sa.vs, sa.own = t.xb, t.ab, t.vd, t.vs, t.own
             sa.okv, sa.f, sa.w, sa.mult = t.okv, t.f, t.w, t.mult
@@ -937,14 +936,14 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             gs3d_forward_gather_avx2(&x[n * g.xs[0]], g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D,
                                      C, xc, &q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
                                      &out[n * g.gs[0] + p0 * g.op], g.op, oc, cnt, g.align,
-                                     g.padding == PAD_BORDER, g.prefetch_fwd)
+                                     g.padding, g.prefetch_fwd)
             return
     elif store_t is not double:
         if g.simd_gather:
             gs3d_forward_gather_h(&x[n * g.xs[0]], g.xs[3], g.xs[2], g.xs[1], g.W, g.H, g.D,
                                   C, xc, &q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
                                   &out[n * g.gs[0] + p0 * g.op], g.op, oc, cnt, g.align,
-                                  g.padding == PAD_BORDER, g.half_kind == HALF_BF16,
+                                  g.padding, g.half_kind == HALF_BF16,
                                   g.xlast - n * g.xs[0])
             return
     setup_tile(q, g, scratch, As, n, p0, cnt, 0, g.D, True, False, True, t)
@@ -1665,7 +1664,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.W, ba.H, ba.D, ba.C = g.W, g.H, g.D, C
             ba.qp, ba.qc, ba.gp, ba.gc, ba.dp, ba.dc = g.qp, g.qs[4], g.op, gc, g.dp, g.os[4]
             ba.zlo, ba.zhi = zlo, zhi
-            ba.align, ba.border = g.align, g.padding == PAD_BORDER
+            ba.align, ba.border = g.align, g.padding
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
             gs3d_backward_gather_avx2(&ba, cnt)
             return
@@ -1684,7 +1683,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         rw.W, rw.H, rw.D, rw.C = g.W, g.H, g.D, C
         rw.qp, rw.qc, rw.gp, rw.gc = g.qp, g.qs[4], g.op, gc
         rw.zlo, rw.zhi, rw.nxt = zlo, zhi, min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt)
-        rw.align, rw.border, rw.prefetch = g.align, g.padding == PAD_BORDER, g.prefetch_bwd
+        rw.align, rw.border, rw.prefetch = g.align, g.padding, g.prefetch_bwd
         rw.do_dx, rw.do_dg, rw.own_all = do_dx, do_dg, own_all
         gs3d_backward_rows(&rw, cnt, <float*>dots)
         return
@@ -1844,18 +1843,16 @@ cdef void point_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t p0, Py
     cdef Py_ssize_t end = min(P, p0 + cnt)
     cdef Cursor cur
     if store_t is not double:
-        # float32 or 16-bit points evenly spaced in memory, bilinear zeros/border: four at a
+        # float32 or 16-bit points evenly spaced in memory, bilinear: four at a
         # time with AVX2 (the same planes; 16-bit values converted exactly first)
         if (GS3D_HAVE_SIMD_GATHER and (store_t is float or GS3D_HAVE_HALF_SIMD)
-                and g.mode == MODE_BILINEAR and g.padding != PAD_REFLECTION
-                and flat_points(g.qs, g, &step)):
+                and g.mode == MODE_BILINEAR and flat_points(g.qs, g, &step)):
             if store_t is float:
                 gs3d_tile_planes_f(&q[n * g.qs[0] + p0 * step], step, g.qs[4], end - p0, g.D,
-                                   g.align, g.padding == PAD_BORDER, lo, hi)
+                                   g.align, g.padding, lo, hi)
             else:
                 gs3d_tile_planes_h(&q[n * g.qs[0] + p0 * step], g.half_kind == HALF_BF16, step,
-                                   g.qs[4], end - p0, g.D, g.align, g.padding == PAD_BORDER,
-                                   lo, hi)
+                                   g.qs[4], end - p0, g.D, g.align, g.padding, lo, hi)
             return
     lo[0], hi[0] = g.D, -1
     cursor_start(&cur, g, p0)
@@ -2372,7 +2369,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
         # gs3d_backward_rows (see backward_tile): judged once per call, its point steps kept
         # in gp.qp, gp.op, gp.dp; the accumulator's offsets (the channels-last one, or dx)
         gp.rows = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR and gp.xs[4] == 1
-                   and g.C % 8 == 0 and 8 * g.C <= STAGE and g.padding != PAD_REFLECTION
+                   and g.C % 8 == 0 and 8 * g.C <= STAGE
                    and flat_points(gp.qs, gp, &gp.qp) and flat_points(gp.gs, gp, &gp.op)
                    and (not want_dg or flat_points(gp.os, gp, &gp.dp))
                    and int32_offsets(gp, &gp.xs[1]))
