@@ -5,7 +5,7 @@ Everything here is ``noexcept nogil``: coordinate mapping (SPEC, "Coordinate map
 half-precision conversions (SPEC, "Precision") and the OpenMP shim that lets the module build
 and run serially without OpenMP.
 """
-from libc.math cimport fmod, INFINITY
+from libc.math cimport INFINITY
 from libc.stdint cimport uint16_t, uint32_t
 
 cdef extern from *:
@@ -99,13 +99,62 @@ cdef extern from *:
                                        | ((ok & (fl >= -1.0) & (fl < hi)) << 2));
         }
     }
+    /* map_coord's reflection of a finite coordinate's u (lo, span: -0.5 and size without
+       align_corners, 0 and size - 1 with; hi = size - 1): u - lo folded into [0, 2 span), then
+       into [lo, lo + span] with *m's sign flipped at each mirror, then clipped as clip_coord
+       clips (*m 0 at and beyond the edges).  fmod(t, 2 span) by subtracting whole periods
+       while t < 2^52, which is exact, as fmod is (see gs3d_fmod4).  Returns 0 (*uo unset,
+       *m not to be used) when u - lo overflowed. */
+    static inline int gs3d_reflect1(double u, double lo, double span, double hi, double* uo,
+                                    double* m) {
+        double t, r, per;
+        if (span == 0.0) {
+            *uo = 0.0;
+            *m = 0.0;
+            return 1;
+        }
+        t = u - lo;
+        if (t < 0.0) {
+            *m = -*m;
+            t = -t;
+        }
+        per = 2.0 * span;
+        if (t < 4503599627370496.0) {
+            r = t - floor(t / per) * per;
+            if (r < 0.0)
+                r += per;
+        } else {
+            r = fmod(t, per);
+        }
+        if (r >= span) {
+            u = lo + (span - (r - span));
+            *m = -*m;
+        } else {
+            u = r + lo;
+        }
+        if (u != u)
+            return 0;
+        if (u <= 0.0) {
+            *m = 0.0;
+            u = 0.0;
+        } else if (u >= hi) {
+            *m = 0.0;
+            u = hi;
+        }
+        *uo = u;
+        return 1;
+    }
     GS3D_ALWAYS_INLINE void gs3d_axis1(
             double gv, double sz, double hi, double m0, const int align, const int border,
             const int nearest, double* frac, double* mult, double* fidx, double* okf) {
         double u = align ? (gv + 1.0) / 2.0 * hi : ((gv + 1.0) * sz - 1.0) / 2.0;
         double m = m0, uc, fl;
         int ok;
-        if (border) {
+        if (border == GS3D_PAD_REFLECTION) {
+            ok = gv - gv == 0.0;
+            if (ok)
+                ok = gs3d_reflect1(u, align ? 0.0 : -0.5, align ? hi : sz, hi, &u, &m);
+        } else if (border) {
             /* an infinity goes to its edge; NaN stays NaN and samples nothing */
             double edge = gv < 0.0 ? 0.0 : hi;
             u = (gv - gv == 0.0) ? u : edge;
@@ -126,12 +175,12 @@ cdef extern from *:
         *mult = m;
         *okf = ok ? 1.0 : 0.0;
     }
-    /* Map one axis of cnt points under bilinear zeros or border padding (SPEC, "Coordinate
+    /* Map one axis of cnt points under padding ``border`` (GS3D_PAD_*; SPEC, "Coordinate
        mapping"): the same arithmetic as map_coord, as one loop of selects the compiler can
-       vectorise.  Writes the floor of u clamped to [-2, size + 1] (fidx), u - fidx (frac), the
-       grid-gradient factor (mult, 0 when clipped or dead) and 1.0 / 0.0 for "samples something"
-       (okf), then the flags of map_axis (gs3d_axis_flags).  A dead point gets u = 0 and
-       factor 0. */
+       vectorise under zeros and border (reflection's fold branches).  Writes the floor of u
+       clamped to [-2, size + 1] (fidx), u - fidx (frac), the grid-gradient factor (mult, 0
+       when clipped or dead) and 1.0 / 0.0 for "samples something" (okf), then the flags of
+       map_axis (gs3d_axis_flags).  A dead point gets u = 0 and factor 0. */
     static void gs3d_map_axis_linear(const double* __restrict gin, int cnt, double sz, int align,
                                      int border, int nearest, double* __restrict frac,
                                      double* __restrict mult, double* __restrict fidx,
@@ -141,11 +190,14 @@ cdef extern from *:
         /* one loop per (align, border) so each is a straight run of selects */
     #define GS3D_AXIS_LOOP(A, B, R) for (i = 0; i < cnt; i++) \
             gs3d_axis1(gin[i], sz, hi, m0, A, B, R, &frac[i], &mult[i], &fidx[i], &okf[i])
+    #define GS3D_AXIS_PADS(A, R) \
+        if (border == GS3D_PAD_REFLECTION) GS3D_AXIS_LOOP(A, GS3D_PAD_REFLECTION, R); \
+        else if (border) GS3D_AXIS_LOOP(A, 1, R); else GS3D_AXIS_LOOP(A, 0, R);
     #define GS3D_AXIS_LOOPS(R) \
-        if (align) { if (border) GS3D_AXIS_LOOP(1, 1, R); else GS3D_AXIS_LOOP(1, 0, R); } \
-        else { if (border) GS3D_AXIS_LOOP(0, 1, R); else GS3D_AXIS_LOOP(0, 0, R); }
+        if (align) { GS3D_AXIS_PADS(1, R) } else { GS3D_AXIS_PADS(0, R) }
         if (nearest) { GS3D_AXIS_LOOPS(1) } else { GS3D_AXIS_LOOPS(0) }
     #undef GS3D_AXIS_LOOPS
+    #undef GS3D_AXIS_PADS
     #undef GS3D_AXIS_LOOP
         gs3d_axis_flags(fidx, okf, cnt, sz, flags);
     }
@@ -342,8 +394,9 @@ cdef extern from *:
     #if defined(__AVX2__)
     #include <immintrin.h>
     #define GS3D_HAVE_SIMD_GATHER 1
-    /* fmod(t, per) of four lanes, t >= 0 (or NaN) and per > 0 an integer: t - floor(t / per) per,
-       corrected by one period when the quotient rounded up; exact, as fmod is, while
+    /* fmod(t, per) of four lanes, t >= 0 (or NaN) and per > 0 an integer:
+       t - floor(t / per) per, corrected by one period when the quotient rounded up (which
+       float32 and 16-bit grids never reach, kept for exactness); exact, as fmod is, while
        t < 2^52 (t and the period's multiples are then whole multiples of t's last bit); the
        lanes in ``use`` with larger t, infinities or NaN go through fmod itself */
     static inline __m256d gs3d_fmod4(__m256d t, __m256d per, __m256d use) {
@@ -2111,6 +2164,8 @@ cdef extern from *:
     int gs3d_cpu_has_avx512() noexcept nogil
     void gs3d_axis_flags(const double* fidx, const double* okf, int cnt, double sz,
                          unsigned char* flags) noexcept nogil
+    int gs3d_reflect1(double u, double lo, double span, double hi, double* uo,
+                      double* m) noexcept nogil
     void gs3d_map_axis_linear(const double* gin, int cnt, double sz, int align, int border,
                               int nearest, double* frac, double* mult, double* fidx, double* okf,
                               unsigned char* flags) noexcept nogil
@@ -2209,7 +2264,7 @@ cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
     False when the point samples nothing along this axis (NaN, or an infinity under zeros or
     reflection padding).
     """
-    cdef double u, m, lo, span, t, r
+    cdef double u, m
     # a point that samples nothing still gets defined outputs: position 0, multiplier 0
     u_out[0] = 0.0
     mult[0] = 0.0
@@ -2229,30 +2284,12 @@ cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
     if padding == PAD_BORDER:
         u = clip_coord(u, size, &m)
     elif padding == PAD_REFLECTION:
-        if align:
-            lo = 0.0
-            span = <double>(size - 1)
-        else:
-            lo = -0.5
-            span = <double>size
-        if span == 0.0:
-            u_out[0] = 0.0
-            mult[0] = 0.0
-            return True
-        t = u - lo
-        if t < 0.0:
-            m = -m
-            t = -t
-        # parity of floor(t / span) taken exactly (a float floor(t / span) loses it for huge t)
-        r = fmod(t, 2.0 * span)
-        if r >= span:
-            u = lo + (span - (r - span))
-            m = -m
-        else:
-            u = r + lo
-        if u != u:                                   # overflowed to inf upstream
+        # folded about the edges exactly (gs3d_reflect1: fmod's parity, not a float
+        # floor(t / span), which loses it for huge t), then clipped; False when it overflowed
+        if not gs3d_reflect1(u, 0.0 if align else -0.5,
+                             <double>(size - 1) if align else <double>size,
+                             <double>(size - 1), &u, &m):
             return False
-        u = clip_coord(u, size, &m)
     u_out[0] = u
     mult[0] = m
     return True

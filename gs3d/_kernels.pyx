@@ -48,7 +48,7 @@ from gs3d._helpers cimport (
     GS3D_OPENMP, omp_get_max_threads, f16_to_f32, f32_to_f16, bf16_to_f32, f32_to_bf16,
     map_coord, floor_index, gs3d_prefetch, gs3d_prefetch_w, gs3d_cpu_has_avx2, gs3d_cpu_has_avx512,
     MODE_NEAREST, MODE_BILINEAR,
-    HALF_BF16, PAD_BORDER, PAD_REFLECTION, gs3d_map_axis_linear, gs3d_axis_flags, GS3D_HAVE_F16C, gs3d_f16x8_hw,
+    HALF_BF16, gs3d_map_axis_linear, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
@@ -642,25 +642,13 @@ cdef void map_axis(const double* gin, int cnt, Py_ssize_t size, Geo* g, double* 
     as a double), fraction ``frac`` = u - fidx, grid-gradient factor ``mult`` and flags (bit 0:
     samples something along this axis, bit 1: corner 0 in bounds, bit 2: corner 1 in bounds).
 
-    Zeros and border padding run through gs3d_map_axis_linear (vectorisable loops with the
-    arithmetic of map_coord and axis_index: floor, or round half to even for nearest);
-    reflection goes point by point through map_coord.  A point that samples nothing gets index 0, fraction 0 and factor 0.  The
-    arrays must not overlap; ``okf`` is scratch.
+    Every padding runs through gs3d_map_axis_linear (loops with the arithmetic of map_coord
+    and axis_index: floor, or round half to even for nearest; vectorisable under zeros and
+    border).  A point that samples nothing gets index 0, fraction 0 and factor 0.  The arrays
+    must not overlap; ``okf`` is scratch.
     """
-    cdef int i
-    cdef double u
-    cdef Py_ssize_t k
-    cdef bint ok
-    if g.padding == PAD_REFLECTION:
-        for i in range(cnt):
-            ok = axis_index(gin[i], size, g, &u, &mult[i], &k)
-            fidx[i] = <double>k
-            frac[i] = u - <double>k if ok else 0.0
-            okf[i] = 1.0 if ok else 0.0
-        gs3d_axis_flags(fidx, okf, cnt, <double>size, flags)
-        return
-    gs3d_map_axis_linear(gin, cnt, <double>size, g.align, g.padding == PAD_BORDER,
-                         g.mode == MODE_NEAREST, frac, mult, fidx, okf, flags)
+    gs3d_map_axis_linear(gin, cnt, <double>size, g.align, g.padding, g.mode == MODE_NEAREST,
+                         frac, mult, fidx, okf, flags)
 
 
 cdef inline unsigned char corner_bits(unsigned char fx, unsigned char fy,

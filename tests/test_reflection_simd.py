@@ -81,18 +81,21 @@ def test_vectorised_reflection_matches_the_scalar_mapping(dtype, align, C, case)
                 assert (u is None and v is None) or same(u, v), (nt, mask)
 
 
-@pytest.mark.parametrize("dtype", HALF_AND_SINGLE)
+@pytest.mark.parametrize("dtype", HALF_AND_SINGLE + ["float64"])
 @pytest.mark.parametrize("align", [False, True])
-def test_vectorised_reflection_against_reference(dtype, align):
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_reflection_far_outside_against_reference(dtype, align, mode):
     """Far outside the volume but finite and moderate (many reflections), against the float64
-    reference (the same values, rounded to the dtype first), both layouts' kernels."""
+    reference (the same values, rounded to the dtype first): the vectorised mapping
+    (bilinear float32 and 16-bit) and the scalar one (float64, nearest), whose fold
+    (gs3d_reflect1) subtracts whole periods where it called fmod before."""
     rng = np.random.default_rng(7 if align else 8)
     dt = np_dtype(dtype)
     D, H, W, C = 6, 5, 9, 4
     q = rng.uniform(-25, 25, (1, 4, 7, 10, 3)).astype(dt)
     x = rng.standard_normal((1, C, D, H, W)).astype(dt)
     go = rng.standard_normal((1, C, 4, 7, 10)).astype(dt)
-    kw = dict(padding_mode="reflection", align_corners=align)
+    kw = dict(mode=mode, padding_mode="reflection", align_corners=align)
     f = gs3d.grid_sample_3d(x, q, **kw)
     dx, dg = gs3d.grid_sample_3d_backward(go, x, q, **kw)
     r64 = [a.astype(np.float64) for a in (go, x, q)]
