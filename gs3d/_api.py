@@ -160,7 +160,7 @@ class _Resources:
         # with at least as many batch items as threads, the forward and the grid gradient
         # alone copy whole items, one per thread (at most the size of a float32 input:
         # float64 needs N >= 2 threads)
-        k = nt if 1 < nt and nt * np.dtype(store).itemsize <= 4 * pb.N else 1
+        k = nt if 1 < nt <= pb.N and nt * np.dtype(store).itemsize <= 4 * pb.N else 1
         self.xcl = aligned_empty((D * H * W * pb.C * k if copy_in else 1,), store)
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)

@@ -271,15 +271,16 @@ def test_forward_and_grid_gradient_copy_whole_items(dtype, cfg):
     (float64: twice as many), copy whole items, each thread into its own part of the copy
     buffer: the plans hold one copy per thread, and the results are bitwise those of the
     channels-last layout at every thread count, with more items than threads and exactly as
-    many.  (Nearest's grid gradient reads no input and makes no copy.)"""
+    many; with fewer items than threads, one copy (shared by the threads).  (Nearest's grid
+    gradient reads no input and makes no copy.)"""
     itemsize = np.dtype(np_dtype(dtype)).itemsize
-    for n in (9, 4):
+    for n in (9, 4, 1):
         x, q, go = make(dtype, 8, n=n, seed=12)
         assert pays(x, q)
         want = channels_last_results(x, q, go, (False, True), cfg)
         item = x[0].size
         for nt in (1, 2, 3, 4):
-            copies = nt if 1 < nt and nt * itemsize <= 4 * n else 1
+            copies = nt if 1 < nt <= n and nt * itemsize <= 4 * n else 1
             fplan = gs3d.plan_forward(x.shape, q.shape, x.dtype, num_threads=nt, **cfg)
             assert fplan._res.xcl.size == copies * item, (n, nt)
             bplan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, num_threads=nt,
