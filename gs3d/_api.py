@@ -186,9 +186,9 @@ class _Resources:
 
 def _channels_last_copies(pb: Problem, backward: bool) -> bool:
     """True when the kernels run ``pb`` (NCDHW) through channels-last copies: many channels,
-    or from four for the float32 bilinear backward under zeros or border padding (exactly four
-    for float16/bfloat16; their rule, _kernels.channels_last_pays; the buffers are sized here
-    from it)."""
+    or from four for the float32 bilinear backward, any padding (exactly four for
+    float16/bfloat16; their rule, _kernels.channels_last_pays; the buffers are sized here from
+    it)."""
     D, H, W = pb.in_spatial
     itemsize = 2 if pb.kind in _HALF_KIND else 8 if pb.kind == "f8" else 4
     few = backward and _kernels.few_channels_backward(itemsize, pb.C, pb.mode, pb.padding)
