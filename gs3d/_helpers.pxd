@@ -322,8 +322,8 @@ cdef extern from *:
         (void)go; (void)x; (void)C; (void)bf; return 0.0f;
     }
     #endif
-    /* The float32 bilinear forward (any padding), eight points per step with
-       AVX2 (the AVX2 build only; GS3D_HAVE_SIMD_GATHER says whether it is there).  It
+    /* The float32 bilinear forward (any padding), eight points per step with AVX2 (the AVX2
+       build only; GS3D_HAVE_SIMD_GATHER says whether it is there).  It
        gives the bits of setup_tile + forward_tile: each axis mapped in double as gs3d_axis1
        maps it, weights rounded to float, wx * (wy * wz) per corner, corners summed from +0 in
        the order tnw .. bse with out-of-bounds corners skipped (a blend, never a read).  A point
@@ -429,9 +429,9 @@ cdef extern from *:
         else
             u = _mm256_div_pd(_mm256_sub_pd(_mm256_mul_pd(_mm256_add_pd(gv, one), szv), one), two);
         if (border == GS3D_PAD_REFLECTION) {
-            /* map_coord's reflection lane by lane: finite coordinates only; t = u - lo folded
-               into [0, 2 span) (fmod, below), then into [0, span] with the multiplier's sign
-               flipped for each mirror; then clipped (clip_coord) */
+            /* map_coord's reflection (gs3d_reflect1) lane by lane: finite coordinates only;
+               t = u - lo folded into [0, 2 span) (gs3d_fmod4), then into [lo, lo + span] with
+               the multiplier's sign flipped at each mirror; then clipped (clip_coord) */
             const double lo = align ? 0.0 : -0.5, span = align ? sz - 1.0 : sz;
             const __m256d sign = _mm256_set1_pd(-0.0);
             ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
@@ -554,9 +554,8 @@ cdef extern from *:
        planes_needed (corner planes z0, z0 + 1 and the key plane; a point that samples
        nothing needs plane 0 only), four points at a time, z mapped by gs3d_map4 (the
        mapping of axis_index).  The last point fills the lanes past cnt (the same planes
-       again).  16-bit points
-       (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are converted exactly first, so
-       the planes are those of the scalar loop too. */
+       again).  16-bit points (gs3d_tile_planes_h: float16, or bfloat16 with ``bf``) are
+       converted exactly first, so the planes are those of the scalar loop too. */
     GS3D_ALWAYS_INLINE void gs3d_tile_planes_body(const float* qf, const uint16_t* qh,
                                                   const int xk, Py_ssize_t qp, Py_ssize_t qc,
                                                   Py_ssize_t cnt, Py_ssize_t D, int align,

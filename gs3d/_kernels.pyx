@@ -135,9 +135,9 @@ cdef enum:
 # Measured at one thread (64^3 input, C = 8 and 32, smooth and random grids): with P at 0.42 and
 # 0.24 of the volume the copies won 1.0-4x in all but one case (grid gradient only, C = 8:
 # 0.84x); at 0.125 they lost up to 0.7x on smooth grids, at 0.03 up to 0.4x.
-# The float32 bilinear backward (the AVX2 gather backward's case,
-# whichever build runs it, so that both builds take one path and give one set of bits) takes
-# the copies from TRANSPOSE_FEW_MIN_C channels: the gather backward on the channels-last copy
+# The float32 bilinear backward, any padding (the AVX2 gather backward's case, whichever
+# build runs it, so that both builds take one path and give one set of bits) takes the copies
+# from TRANSPOSE_FEW_MIN_C channels: the gather backward on the channels-last copy
 # reads and scatters a corner's channels in one or two lines, not in C planes (and from four
 # channels in one 128-bit read-modify-write).  In-process A/B, 2 threads unless said: 2x4x96^3
 # smooth 83.8 -> 57.8 ms, random 163 -> 108 ms; 1x4x64^3 smooth 11.3 -> 9.0 ms (1 thread
@@ -223,8 +223,8 @@ cdef inline bint channels_last_rule(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py
 cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
                                    int padding) noexcept nogil:
     """The backward whose NCDHW input takes the channels-last copies from
-    TRANSPOSE_FEW_MIN_C channels: bilinear, any padding (the AVX2 gather
-    backward's case, whichever build runs), float32 storage (``itemsize`` 4), or 16-bit
+    TRANSPOSE_FEW_MIN_C channels: bilinear, any padding (the AVX2 gather backward's case,
+    whichever build runs), float32 storage (``itemsize`` 4), or 16-bit
     storage with exactly TRANSPOSE_FEW_MIN_C channels (its one 128-bit read-modify-write per
     corner; see TRANSPOSE_MIN_C)."""
     return (mode == MODE_BILINEAR
@@ -371,10 +371,10 @@ cdef bint int32_offsets(Geo* g, const Py_ssize_t* st) noexcept nogil:
 
 
 cdef void enable_simd_gather(Geo* g) noexcept nogil:
-    """Use the AVX2 gather forward (gs3d_forward_gather_avx2; 16-bit storage: see half_rows) where it
-    applies: at most GATHER_MAX_C channels (or a multiple of 8 contiguous in the input, and in
-    the output or with its points at step 1: its point-by-point branch), bilinear, zeros or
-    border padding, grid and output points at fixed steps, int32 offsets."""
+    """Use the AVX2 gather forward (gs3d_forward_gather_avx2; 16-bit storage: see half_rows)
+    where it applies: at most GATHER_MAX_C channels (or a multiple of 8 contiguous in the
+    input, and in the output or with its points at step 1: its point-by-point branch),
+    bilinear (any padding), grid and output points at fixed steps, int32 offsets."""
     g.simd_gather = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR
                      and (g.C <= GATHER_MAX_C or (g.C % 8 == 0 and g.xs[4] == 1))
                      and int32_offsets(g, &g.xs[1])
@@ -1831,8 +1831,8 @@ cdef void point_planes(const store_t* q, Geo* g, Py_ssize_t n, Py_ssize_t p0, Py
     cdef Py_ssize_t end = min(P, p0 + cnt)
     cdef Cursor cur
     if store_t is not double:
-        # float32 or 16-bit points evenly spaced in memory, bilinear: four at a
-        # time with AVX2 (the same planes; 16-bit values converted exactly first)
+        # float32 or 16-bit points evenly spaced in memory, bilinear: four at a time with
+        # AVX2 (the same planes; 16-bit values converted exactly first)
         if (GS3D_HAVE_SIMD_GATHER and (store_t is float or GS3D_HAVE_HALF_SIMD)
                 and g.mode == MODE_BILINEAR and flat_points(g.qs, g, &step)):
             if store_t is float:
