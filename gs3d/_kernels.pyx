@@ -1086,12 +1086,13 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
+    item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
     if store_t is not double:
         enable_simd_gather(g)
         if store_t is not float:
             half_rows(g)
     if ((not g.simd_gather or g.C % 8 == 0) and channels_last_geo(g, &gT, As, False)
-            and nxcl >= g.D * g.H * g.W * g.C):
+            and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
         # gather forward's point-by-point branch where it applies; for C = 8 too, where the
         # gather forward would otherwise read the channel planes)
@@ -1099,7 +1100,6 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
             enable_simd_gather(&gT)
             if store_t is not float:
                 half_rows(&gT)
-        item = g.D * g.H * g.W * g.C
         if nthreads > 1 and g.N >= nthreads and nxcl >= nthreads * item:
             # at least as many batch items as threads: whole items per thread, each copied
             # into the thread's own part of xcl, so that no thread reads lines another
@@ -1113,10 +1113,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
             return
         for n in range(g.N):
             if nthreads == 1:
-                transpose_planes(&x[n * g.xs[0]], g, xcl, 0, g.D)
-                for ci in range(per_n):
-                    forward_chunk(xcl, q, out, scratch, &gT, tiles, n * per_n + ci, per_n,
-                                  &scratch[g.C] if staged else NULL)
+                forward_item(x, q, out, scratch, g, &gT, tiles, xcl, n, per_n, staged)
             else:
                 for z in prange(g.D, schedule='static', num_threads=nthreads):
                     transpose_planes(&x[n * g.xs[0]], g, xcl, z, z + 1)
@@ -2307,7 +2304,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     (one per thread, or in turn on one), then add them (see split_pays)."""
     cdef Geo gT
     cdef Geo* gp
-    cdef Py_ssize_t P, n, t, nchunks, ci, z
+    cdef Py_ssize_t P, n, t, nchunks, ci, z, item
     cdef Py_ssize_t As[4]
     cdef Py_ssize_t Acl[4]
     cdef Py_ssize_t dims[4]
@@ -2325,6 +2322,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef Py_ssize_t two[3]
     cdef Py_ssize_t* sb
     P = g.Do * g.Ho * g.Wo
+    item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
     few = few_channels_rule(sizeof(store_t), g.C, g.mode, g.padding)
@@ -2339,7 +2337,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
         # (nearest's backward never reads the input: no copy of it anywhere)
         in_dx = dense_strides(&g.ds[1], dims, 4) and g.mode == MODE_BILINEAR
     if cl and not in_dx and g.mode == MODE_BILINEAR:
-        cl = nxcl >= g.D * g.H * g.W * g.C
+        cl = nxcl >= item
     gp = &gT if cl else g
     if store_t is not double and g.C <= BWD_GATHER_MAX_C:
         # the AVX2 gather path: on the input (float32 accumulates in dx itself, strides g.ds;
@@ -2382,13 +2380,13 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                          &scratch[threadid() * srow], g, &gT, &tiles[threadid()], n, want_dg,
                          in_dx)
     elif (not want_dx and cl and g.mode == MODE_BILINEAR and nthreads > 1 and g.N >= nthreads
-            and nxcl >= nthreads * g.D * g.H * g.W * g.C):
+            and nxcl >= nthreads * item):
         # the grid gradient alone through channels-last copies, with enough batch items for
         # every thread: whole items per thread, each in its own copy (as the forward does,
         # see forward_run: no thread reads lines another thread's core has just written)
         for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
             grid_grad_item(grad, x, q, dgrid, &scratch[threadid() * srow], g, &gT,
-                           &tiles[threadid()], &xcl[threadid() * g.D * g.H * g.W * g.C], n)
+                           &tiles[threadid()], &xcl[threadid() * item], n)
     elif (want_dx and not cl and nthreads > 1 and g.N >= nthreads
             and (not half_acc or dacc_shape[4] >= nthreads)):
         # enough batch items for every thread: each item is the serial loop on one thread
@@ -2435,7 +2433,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                 sb = NULL
                 points_split = (split and not cl and not half_acc
                                 and dacc_shape[0] * dacc_shape[1] * dacc_shape[2] * dacc_shape[3]
-                                >= g.D * g.H * g.W * g.C
+                                >= item
                                 and dense_strides(&g.ds[1], dims, 4))
                 slabs_repeat = False
                 if g.mode == MODE_BILINEAR and ntiles >= 2:
