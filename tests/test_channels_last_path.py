@@ -10,7 +10,7 @@ import pytest
 import gs3d
 from gs3d import _api
 from gs3d import reference as ref
-from conftest import DTYPES, TOLERANCE, np_dtype, rel_err
+from conftest import DTYPES, TOLERANCE, np_dtype, rel_err, same_bits as same
 
 # W = 19 is more than one block (16) of the transpositions; P * 4 >= D * H * W below
 N, D, H, W, Do, Ho, Wo = 2, 4, 5, 19, 5, 5, 6
@@ -41,13 +41,6 @@ def channels_last_results(x, q, go, mask, cfg):
     dx, dg = gs3d.grid_sample_3d_backward(cl(go), cl(x), q, layout="NDHWC", output_mask=mask,
                                           num_threads=1, **cfg)
     return np.moveaxis(f, 4, 1), None if dx is None else np.moveaxis(dx, 4, 1), dg
-
-
-def same(a, b):
-    return (a is None and b is None) or (a is not None and b is not None
-                                         and a.shape == b.shape and np.array_equal(
-                                             np.ascontiguousarray(a).view(np.uint8),
-                                             np.ascontiguousarray(b).view(np.uint8)))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
