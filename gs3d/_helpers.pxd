@@ -225,7 +225,12 @@ cdef extern from *:
     /* Unit-stride channel loops of the float32 and float64 kernels, in blocks of eight so
        that each block is one vector operation without alias checks or peeling.  The dot
        product's order is dot_channels' (lane c % 8 for the first C - C % 8 channels, the rest
-       in lane 0, then the fixed tree of lane_sum); the axpy is a[c] = a[c] + w * go[c]. */
+       in lane 0, then the fixed tree of lane_sum); the axpy is a[c] = a[c] + w * go[c].
+       gs3d_corners is forward_tile's sum for one point, C a multiple of 8: r[c] = +0 plus
+       w[j] * x[off[j] + c] for each corner j set in v, in corner order, every block of eight
+       channels summed in registers (the sum kept in memory, as the loop it replaces keeps it,
+       made every corner wait for the previous corner's store; with a tail of C % 8 channels
+       that loop was the faster one). */
     #define GS3D_CHANNEL_LOOPS(T, SUF) \
     static inline T gs3d_dot_##SUF(const T* __restrict go, const T* __restrict x, Py_ssize_t C) { \
         T s[8] = {0, 0, 0, 0, 0, 0, 0, 0}; \
@@ -243,6 +248,19 @@ cdef extern from *:
         for (; c + 8 <= C; c += 8) \
             for (l = 0; l < 8; l++) a[c + l] = a[c + l] + w * go[c + l]; \
         for (; c < C; c++) a[c] = a[c] + w * go[c]; \
+    } \
+    static inline void gs3d_corners_##SUF(T* __restrict r, const T* __restrict x, \
+                                          const Py_ssize_t* __restrict off, \
+                                          const T* __restrict w, unsigned v, Py_ssize_t C) { \
+        Py_ssize_t c; \
+        int j, l; \
+        for (c = 0; c < C; c += 8) { \
+            T s[8] = {0, 0, 0, 0, 0, 0, 0, 0}; \
+            for (j = 0; j < 8; j++) \
+                if ((v >> j) & 1) \
+                    for (l = 0; l < 8; l++) s[l] = s[l] + w[j] * x[off[j] + c + l]; \
+            for (l = 0; l < 8; l++) r[c + l] = s[l]; \
+        } \
     }
     GS3D_CHANNEL_LOOPS(float, f)
     GS3D_CHANNEL_LOOPS(double, d)
@@ -2146,6 +2164,10 @@ cdef extern from *:
     void gs3d_store_h(const float* a, uint16_t* d, Py_ssize_t n, int bf) noexcept nogil
     void gs3d_axpy_f(float* a, float w, const float* go, Py_ssize_t C) noexcept nogil
     void gs3d_axpy_d(double* a, double w, const double* go, Py_ssize_t C) noexcept nogil
+    void gs3d_corners_f(float* r, const float* x, const Py_ssize_t* off, const float* w,
+                        unsigned v, Py_ssize_t C) noexcept nogil
+    void gs3d_corners_d(double* r, const double* x, const Py_ssize_t* off, const double* w,
+                        unsigned v, Py_ssize_t C) noexcept nogil
     const unsigned char* gs3d_corners_x
     const unsigned char* gs3d_corners_y
     const unsigned char* gs3d_corners_z

@@ -50,7 +50,7 @@ from gs3d._helpers cimport (
     MODE_NEAREST, MODE_BILINEAR,
     HALF_BF16, gs3d_map_axis_linear, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
-    gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
+    gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d, gs3d_corners_f, gs3d_corners_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f,
     gs3d_tile_planes_h, gs3d_transpose_f, gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
@@ -911,6 +911,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef unsigned char v
     cdef acc_t s, w
     cdef acc_t w8[8]
+    cdef Py_ssize_t xo8[8]
     cdef acc_t* r
     cdef int hk = g.half_kind
     cdef gs3d_clf_args clf
@@ -995,13 +996,26 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                     v = t.vs[i]
                     if i + ahead < cnt and t.vs[i + ahead]:
                         prefetch_corners(x, scratch, t, i + ahead, t.vs[i + ahead], 0)
-                    for c in range(C):
-                        r[c] = 0
-                    for j in range(8):
-                        if (v >> j) & 1:
-                            w = corner_weight(t, i, j, scratch)
-                            for c in range(C):
-                                r[c] = r[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
+                    if ((store_t is double and acc_t is double)
+                            or (store_t is float and acc_t is float)) and C % 8 == 0:
+                        # the loops below in C, each channel's sum in a register (the same
+                        # operations in the same order; float32 mostly takes
+                        # gs3d_forward_cl_avx2 in the SIMD builds)
+                        for j in range(8):
+                            xo8[j] = xo(t, i, j)
+                        corner_weights(t, i, w8)
+                        if store_t is double and acc_t is double:
+                            gs3d_corners_d(r, x, xo8, w8, v, C)
+                        elif store_t is float and acc_t is float:
+                            gs3d_corners_f(r, x, xo8, w8, v, C)
+                    else:
+                        for c in range(C):
+                            r[c] = 0
+                        for j in range(8):
+                            if (v >> j) & 1:
+                                w = corner_weight(t, i, j, scratch)
+                                for c in range(C):
+                                    r[c] = r[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
                     if not per:
                         for c in range(C):
                             st(out, t.ob[i] + c * oc, r[c], hk)
