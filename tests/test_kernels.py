@@ -234,7 +234,8 @@ def test_finite_differences(padding, align):
 # ---------------------------------------------------------------------------------------------
 # 5. inputs large enough for the kernels to prefetch (PREFETCH_FWD_MIN_KIB and
 #    PREFETCH_BWD_MIN_KIB in _kernels.pyx: over 16 MiB per batch item at 4 bytes a value);
-#    every other test runs with the prefetch off.  Few output points keep the checks cheap.
+#    the other tests run with the prefetch off but for float64's backward, which prefetches
+#    from 1.5 MiB (PREFETCH_BWD_MIN_KIB_F64).  Few output points keep the checks cheap.
 # ---------------------------------------------------------------------------------------------
 
 PREFETCH_CASES = [(16, 66), (4, 105), (1, 166)]     # C, S: S^3 * C * 4 bytes > 16 MiB
