@@ -77,7 +77,7 @@ cdef struct Geo:
     int mode, padding, align, half_kind
     bint simd_gather     # through gs3d_forward/backward_gather_avx2 (see enable_simd_gather)
     bint prefetch_fwd    # prefetch corners ahead of the point loops in the forward
-    bint prefetch_bwd    # and in the backward (see PREFETCH_BWD_MIN_KIB)
+    bint prefetch_bwd    # and in the backward (see PREFETCH_BWD_MIN_KIB and _F64)
     Py_ssize_t qp, op    # and its point strides of the grid and grad_output / the output
     Py_ssize_t dp        # and of grid_grad (backward)
     Py_ssize_t xlast     # offset of the input's highest-addressed element (16-bit gathers)
@@ -109,8 +109,8 @@ cdef enum:
 #     (32 MiB) even.  Forward channels-last, float16: 1x16x32^3 1.21 vs 1.11.
 # float64's backward (the tile loop; a row of eight channels fills a cache line) pays from
 # smaller items: measured on an Intel Xeon (2 MiB L2 per core), in-process A/B against no
-# prefetch, 2 threads, float64: 8x8x32^3 (2 MiB per item) random NCDHW 1.42x, NDHWC 1.46x (1.43x
-# at one thread), smooth 0.96-1.03x; 8x4x32^3 (1 MiB) random 1.34x but smooth 0.87-0.96x,
+# prefetch, 2 threads, float64: 8x8x32^3 (2 MiB per item) random NCDHW 1.41-1.42x, NDHWC
+# 1.32-1.46x (1.43x at one thread), smooth 0.95-1.03x; 8x4x32^3 (1 MiB) random 1.34x but smooth 0.87-0.96x,
 # 8x8x24^3 (0.84 MiB) random 1.28x, smooth 0.91-0.92x: so from 1.5 MiB, where smooth grids
 # lose nothing.  (float32 from 0.5 MiB on the same host: random 0.93-1.31x, smooth 0.80-0.95x.)
 # Prefetching never changes a result, only when the lines arrive.
@@ -1695,7 +1695,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         gs3d_backward_rows(&rw, cnt, <float*>dots)
         return
     setup_tile(q, g, A, As, n, p0, cnt, zlo, zhi, do_dx, do_dg, own_all, t)
-    # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_BWD_MIN_KIB)
+    # ``ahead``: the prefetch distance, or cnt for none (see PREFETCH_BWD_MIN_KIB and _F64)
     ahead = <int>AHEAD if g.prefetch_bwd else cnt
     for i in range(min(cnt, ahead) if g.prefetch_bwd else 0):
         # the points the in-loop prefetch (``ahead`` points ahead) cannot reach
