@@ -110,9 +110,10 @@ cdef enum:
 # float64's backward (the tile loop; a row of eight channels fills a cache line) pays from
 # smaller items: measured on an Intel Xeon (2 MiB L2 per core), in-process A/B against no
 # prefetch, 2 threads, float64: 8x8x32^3 (2 MiB per item) random NCDHW 1.41-1.42x, NDHWC
-# 1.32-1.46x (1.43x at one thread), smooth 0.95-1.03x; 8x4x32^3 (1 MiB) random 1.34x but smooth 0.87-0.96x,
-# 8x8x24^3 (0.84 MiB) random 1.28x, smooth 0.91-0.92x: so from 1.5 MiB, where smooth grids
-# lose nothing.  (float32 from 0.5 MiB on the same host: random 0.93-1.31x, smooth 0.80-0.95x.)
+# 1.32-1.46x (1.43x at one thread), smooth 0.95-1.03x; 8x4x32^3 (1 MiB) random 1.34x but
+# smooth 0.87-0.96x, 8x8x24^3 (0.84 MiB) random 1.28x, smooth 0.91-0.92x: so from 1.5 MiB,
+# where smooth grids lose nothing.  (float32 from 0.5 MiB on the same host: random
+# 0.93-1.31x, smooth 0.80-0.95x.)
 # Prefetching never changes a result, only when the lines arrive.
 cdef enum:
     PREFETCH_BWD_MIN_KIB = 3072
