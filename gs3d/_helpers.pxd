@@ -100,13 +100,12 @@ cdef extern from *:
         }
     }
     /* map_coord's reflection of a finite coordinate's u (lo, span: -0.5 and size without
-       align_corners, 0 and size - 1 with; hi = size - 1): u - lo folded into [0, 2 span), then
-       into [lo, lo + span] with *m's sign flipped at each mirror, then clipped as clip_coord
-       clips (*m 0 at and beyond the edges).  fmod(t, 2 span) by subtracting whole periods
+       align_corners, 0 and size - 1 with): u - lo folded into [0, 2 span), then into
+       [lo, lo + span] with *m's sign flipped at each mirror (the caller then clips it to
+       [0, size - 1], as border padding does).  fmod(t, 2 span) by subtracting whole periods
        while t < 2^52, which is exact, as fmod is (see gs3d_fmod4).  Returns 0 (*uo unset,
        *m not to be used) when u - lo overflowed. */
-    static inline int gs3d_reflect1(double u, double lo, double span, double hi, double* uo,
-                                    double* m) {
+    static inline int gs3d_reflect1(double u, double lo, double span, double* uo, double* m) {
         double t, r, per;
         if (span == 0.0) {
             *uo = 0.0;
@@ -134,13 +133,6 @@ cdef extern from *:
         }
         if (u != u)
             return 0;
-        if (u <= 0.0) {
-            *m = 0.0;
-            u = 0.0;
-        } else if (u >= hi) {
-            *m = 0.0;
-            u = hi;
-        }
         *uo = u;
         return 1;
     }
@@ -153,17 +145,20 @@ cdef extern from *:
         if (border == GS3D_PAD_REFLECTION) {
             ok = gv - gv == 0.0;
             if (ok)
-                ok = gs3d_reflect1(u, align ? 0.0 : -0.5, align ? hi : sz, hi, &u, &m);
+                ok = gs3d_reflect1(u, align ? 0.0 : -0.5, align ? hi : sz, &u, &m);
         } else if (border) {
             /* an infinity goes to its edge; NaN stays NaN and samples nothing */
             double edge = gv < 0.0 ? 0.0 : hi;
             u = (gv - gv == 0.0) ? u : edge;
-            m = ((u > 0.0) & (u < hi)) ? m : 0.0;
-            u = u <= 0.0 ? 0.0 : u;
-            u = u >= hi ? hi : u;
             ok = gv == gv;
         } else {
             ok = gv - gv == 0.0;
+        }
+        if (border) {
+            /* border and reflection clip u to [0, size - 1] (clip_coord) */
+            m = ((u > 0.0) & (u < hi)) ? m : 0.0;
+            u = u <= 0.0 ? 0.0 : u;
+            u = u >= hi ? hi : u;
         }
         m = ok ? m : 0.0;
         u = ok ? u : 0.0;
@@ -449,7 +444,7 @@ cdef extern from *:
         if (border == GS3D_PAD_REFLECTION) {
             /* map_coord's reflection (gs3d_reflect1) lane by lane: finite coordinates only;
                t = u - lo folded into [0, 2 span) (gs3d_fmod4), then into [lo, lo + span] with
-               the multiplier's sign flipped at each mirror; then clipped (clip_coord) */
+               the multiplier's sign flipped at each mirror; clipped below */
             const double lo = align ? 0.0 : -0.5, span = align ? sz - 1.0 : sz;
             const __m256d sign = _mm256_set1_pd(-0.0);
             ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
@@ -471,21 +466,21 @@ cdef extern from *:
                 m = _mm256_xor_pd(m, _mm256_and_pd(up, sign));
                 ok = _mm256_and_pd(ok, _mm256_cmp_pd(u, u, _CMP_EQ_OQ));   /* overflowed */
             }
-            m = _mm256_and_pd(m, _mm256_and_pd(_mm256_cmp_pd(u, zero, _CMP_GT_OQ),
-                                               _mm256_cmp_pd(u, hi, _CMP_LT_OQ)));
-            u = _mm256_blendv_pd(u, zero, _mm256_cmp_pd(u, zero, _CMP_LE_OQ));
-            u = _mm256_blendv_pd(u, hi, _mm256_cmp_pd(u, hi, _CMP_GE_OQ));
         } else if (border) {
             __m256d edge = _mm256_blendv_pd(hi, zero, _mm256_cmp_pd(gv, zero, _CMP_LT_OQ));
             __m256d fin = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
             u = _mm256_blendv_pd(edge, u, fin);
+            ok = _mm256_cmp_pd(gv, gv, _CMP_EQ_OQ);
+        } else {
+            ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
+        }
+        if (border) {
+            /* border and reflection clip u to [0, size - 1] (clip_coord): the factor is 0 at
+               and beyond the edges */
             m = _mm256_and_pd(m, _mm256_and_pd(_mm256_cmp_pd(u, zero, _CMP_GT_OQ),
                                                _mm256_cmp_pd(u, hi, _CMP_LT_OQ)));
             u = _mm256_blendv_pd(u, zero, _mm256_cmp_pd(u, zero, _CMP_LE_OQ));
             u = _mm256_blendv_pd(u, hi, _mm256_cmp_pd(u, hi, _CMP_GE_OQ));
-            ok = _mm256_cmp_pd(gv, gv, _CMP_EQ_OQ);
-        } else {
-            ok = _mm256_cmp_pd(_mm256_sub_pd(gv, gv), zero, _CMP_EQ_OQ);
         }
         u = _mm256_and_pd(u, ok);
         *okm = ok;
@@ -2185,8 +2180,7 @@ cdef extern from *:
     int gs3d_cpu_has_avx512() noexcept nogil
     void gs3d_axis_flags(const double* fidx, const double* okf, int cnt, double sz,
                          unsigned char* flags) noexcept nogil
-    int gs3d_reflect1(double u, double lo, double span, double hi, double* uo,
-                      double* m) noexcept nogil
+    int gs3d_reflect1(double u, double lo, double span, double* uo, double* m) noexcept nogil
     void gs3d_map_axis_linear(const double* gin, int cnt, double sz, int align, int border,
                               int nearest, double* frac, double* mult, double* fidx, double* okf,
                               unsigned char* flags) noexcept nogil
@@ -2308,9 +2302,9 @@ cdef inline bint map_coord(double g, Py_ssize_t size, int padding, bint align,
         # folded about the edges exactly (gs3d_reflect1: fmod's parity, not a float
         # floor(t / span), which loses it for huge t), then clipped; False when it overflowed
         if not gs3d_reflect1(u, 0.0 if align else -0.5,
-                             <double>(size - 1) if align else <double>size,
-                             <double>(size - 1), &u, &m):
+                             <double>(size - 1) if align else <double>size, &u, &m):
             return False
+        u = clip_coord(u, size, &m)
     u_out[0] = u
     mult[0] = m
     return True
