@@ -377,8 +377,11 @@ cdef extern from *:
     /* arguments of gs3d_backward_rows (below) */
     typedef struct {
         const float* x; float* A; const float* q; const float* go; float* dq;
+        /* 16-bit storage of kind xk (1 float16, 2 bfloat16; 0: float32, these unused): the
+           input, grid, grad_output and grid gradient (x, q, go and dq unused) */
+        const uint16_t* xh; const uint16_t* qh; const uint16_t* goh; uint16_t* dqh;
         Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
-        int align, border, do_dx, do_dg, own_all, prefetch;
+        int align, border, do_dx, do_dg, own_all, prefetch, xk;
     } gs3d_rows_args;
     /* arguments of gs3d_backward_cl_avx2 (below) */
     typedef struct {
@@ -802,19 +805,20 @@ cdef extern from *:
             v[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
         }
     }
-    /* the same for whole rows: nbytes from lo bytes after each corner row's x0 */
-    static inline void gs3d_prefetch_rows8(const float* v, __m256i off, unsigned lanes,
-                                           Py_ssize_t sy, Py_ssize_t sz, Py_ssize_t lo,
-                                           Py_ssize_t nbytes) {
+    /* the same for whole rows: nbytes from lo bytes after each corner row's x0, in a volume
+       of isz-byte elements */
+    static inline void gs3d_prefetch_rows8(const void* v, Py_ssize_t isz, __m256i off,
+                                           unsigned lanes, Py_ssize_t sy, Py_ssize_t sz,
+                                           Py_ssize_t lo, Py_ssize_t nbytes) {
         int bo[8], l;
         _mm256_storeu_si256((__m256i*)bo, off);
         for (l = 0; l < 8; l++) {
             if ((lanes >> l) & 1) {
-                const char* c0 = (const char*)v + 4 * (Py_ssize_t)bo[l] + lo;
+                const char* c0 = (const char*)v + isz * (Py_ssize_t)bo[l] + lo;
                 gs3d_cl_span(c0, nbytes);
-                gs3d_cl_span(c0 + 4 * sy, nbytes);
-                gs3d_cl_span(c0 + 4 * sz, nbytes);
-                gs3d_cl_span(c0 + 4 * (sy + sz), nbytes);
+                gs3d_cl_span(c0 + isz * sy, nbytes);
+                gs3d_cl_span(c0 + isz * sz, nbytes);
+                gs3d_cl_span(c0 + isz * (sy + sz), nbytes);
             }
         }
     }
@@ -899,7 +903,7 @@ cdef extern from *:
                 if (!prefetch || xk)        /* (the hints count float32 offsets) */
                     continue;
                 if ((rows || rows4) && rlen <= 512)
-                    gs3d_prefetch_rows8(x, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
+                    gs3d_prefetch_rows8(x, 4, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
                 else
                     gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
             }
@@ -1205,6 +1209,42 @@ cdef extern from *:
         gz = _mm256_blendv_ps(gz, hz, _mm256_castsi256_ps(mall));
         *gx_ = gx; *gy_ = gy; *gz_ = gz;
     }
+    /* the grid gradients gx, gy, gz of eight points, written for the lanes l < k set in
+       ``lanes``: point l's at dq + o (float32, xk 0) or at dqh + o rounded once to 16-bit
+       storage of kind xk (gs3d_store8_h: st's bits), o = oq[l] when oq is given, else
+       o0 + l dp, its y and z components dc and 2 dc further on */
+    GS3D_ALWAYS_INLINE void gs3d_put_grid_grad8(float* dq, uint16_t* dqh, const int xk,
+                                                const Py_ssize_t* oq, Py_ssize_t o0,
+                                                Py_ssize_t dp, Py_ssize_t dc, unsigned lanes,
+                                                int k, __m256 gx, __m256 gy, __m256 gz) {
+        float f[3][8];
+        uint16_t h[3][8];
+        Py_ssize_t o;
+        int l;
+        if (xk) {
+            gs3d_store8_h(gx, h[0], xk == 2);
+            gs3d_store8_h(gy, h[1], xk == 2);
+            gs3d_store8_h(gz, h[2], xk == 2);
+        } else {
+            _mm256_storeu_ps(f[0], gx);
+            _mm256_storeu_ps(f[1], gy);
+            _mm256_storeu_ps(f[2], gz);
+        }
+        for (l = 0; l < k; l++) {
+            if (!((lanes >> l) & 1))
+                continue;
+            o = oq ? oq[l] : o0 + l * dp;
+            if (xk) {
+                dqh[o] = h[0][l];
+                dqh[o + dc] = h[1][l];
+                dqh[o + 2 * dc] = h[2][l];
+            } else {
+                dq[o] = f[0][l];
+                dq[o + dc] = f[1][l];
+                dq[o + 2 * dc] = f[2][l];
+            }
+        }
+    }
     /* the lanes of eight points (corner-0 depth indices iz, -2 for a dead z) whose grid
        gradient a call for the depth slab [zlo, zhi) writes: all with own_all, else those whose
        key plane (key_of: 0 for a dead z or below, D - 1 above) is in the slab */
@@ -1235,9 +1275,8 @@ cdef extern from *:
                                                       const Py_ssize_t C, const int h) {
         /* h: 16-bit storage, of kind xk (else float32, xk 0) */
         const int xk = h ? a->xk : 0;
-        float gx8[8], gy8[8], gz8[8], wa[8][8], gov[8][8];
-        uint16_t hx8[8], hy8[8], hz8[8];
-        int oa[8][8], own8[8];
+        float wa[8][8], gov[8][8];
+        int oa[8][8];
         unsigned vsb[8];
         gs3d_bblock8 blk[8];
         __m256i idx[3], iz, okv[3], mj[8], own, mall, slab;
@@ -1319,33 +1358,9 @@ cdef extern from *:
                     gx = _mm256_mul_ps(B->mult[0], gx);
                     gy = _mm256_mul_ps(B->mult[1], gy);
                     gz = _mm256_mul_ps(B->mult[2], gz);
-                    _mm256_storeu_si256((__m256i*)own8, own);
-                    if (h) {
-                        /* rounded once, as st() rounds */
-                        gs3d_store8_h(gx, hx8, xk == 2);
-                        gs3d_store8_h(gy, hy8, xk == 2);
-                        gs3d_store8_h(gz, hz8, xk == 2);
-                        for (l = 0; l < k; l++) {
-                            if (own8[l]) {
-                                uint16_t* o = a->dqh + (p + l) * a->dp;
-                                o[0] = hx8[l];
-                                o[a->dc] = hy8[l];
-                                o[2 * a->dc] = hz8[l];
-                            }
-                        }
-                    } else {
-                        _mm256_storeu_ps(gx8, gx);
-                        _mm256_storeu_ps(gy8, gy);
-                        _mm256_storeu_ps(gz8, gz);
-                        for (l = 0; l < k; l++) {
-                            if (own8[l]) {
-                                float* o = a->dq + (p + l) * a->dp;
-                                o[0] = gx8[l];
-                                o[a->dc] = gy8[l];
-                                o[2 * a->dc] = gz8[l];
-                            }
-                        }
-                    }
+                    gs3d_put_grid_grad8(a->dq, a->dqh, xk, NULL, p * a->dp, a->dp, a->dc,
+                                        (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(own)),
+                                        k, gx, gy, gz);
                 }
                 if (B->slabb) {
                     float pr[8][8];
@@ -1550,8 +1565,7 @@ cdef extern from *:
     GS3D_ALWAYS_INLINE void gs3d_cl_run(const gs3d_cl_args* a, const Py_ssize_t C, const int xk) {
         const Py_ssize_t T = a->tile, qc = a->qc;
         const int cnt = a->cnt;
-        float gx8[8], gy8[8], gz8[8], gbuf[GS3D_CL_GOBUF];
-        uint16_t hx8[8], hy8[8], hz8[8];
+        float gbuf[GS3D_CL_GOBUF];
         unsigned char vd8[8];
         __m256 R[8], v[8], d[8], w6[6], gx, gy, gz;
         __m256i vdv, mj[8], mall;
@@ -1613,29 +1627,7 @@ cdef extern from *:
             gx = _mm256_mul_ps(gs3d_cl_ld8d(a->mult, i0, n), gx);
             gy = _mm256_mul_ps(gs3d_cl_ld8d(a->mult + T, i0, n), gy);
             gz = _mm256_mul_ps(gs3d_cl_ld8d(a->mult + 2 * T, i0, n), gz);
-            if (xk) {
-                gs3d_store8_h(gx, hx8, xk == 2);
-                gs3d_store8_h(gy, hy8, xk == 2);
-                gs3d_store8_h(gz, hz8, xk == 2);
-            } else {
-                _mm256_storeu_ps(gx8, gx);
-                _mm256_storeu_ps(gy8, gy);
-                _mm256_storeu_ps(gz8, gz);
-            }
-            for (l = 0; l < n; l++) {
-                if ((gm >> l) & 1) {
-                    i = i0 + l;
-                    if (xk) {
-                        a->dqh[a->oq[i]] = hx8[l];
-                        a->dqh[a->oq[i] + qc] = hy8[l];
-                        a->dqh[a->oq[i] + 2 * qc] = hz8[l];
-                    } else {
-                        a->dq[a->oq[i]] = gx8[l];
-                        a->dq[a->oq[i] + qc] = gy8[l];
-                        a->dq[a->oq[i] + 2 * qc] = gz8[l];
-                    }
-                }
-            }
+            gs3d_put_grid_grad8(a->dq, a->dqh, xk, a->oq + i0, 0, 0, qc, gm, n, gx, gy, gz);
         }
     }
     /* the usual channel counts with the channel loops unrolled, per input kind */
@@ -1764,9 +1756,10 @@ cdef extern from *:
         else { GS3D_CL_CASES(2) }
     }
     #undef GS3D_CL_CASES
-    /* backward_tile for cnt <= 64 float32 points with channels contiguous in the input (W
-       stride sx), in the accumulator A (W stride ax) when do_dx, C a multiple of 8, bilinear
-       any padding: setup_tile and gs3d_cl_run's operations and bits without the
+    /* backward_tile for cnt <= 64 float32 or 16-bit (xk, as gs3d_cl_run: values converted
+       exactly, the grid gradient rounded once) points with channels contiguous in the input
+       (W stride sx), in the float32 accumulator A (W stride ax) when do_dx, C a multiple of
+       8, bilinear any padding: setup_tile and gs3d_cl_run's operations and bits without the
        tile's arrays.  The points are mapped eight at a time by gs3d_map8 (setup_tile_f's
        mapping: the same masks, weights and multipliers; the points owned and the corners in
        the depth slab [zlo, zhi) as gs3d_backward_gather_body finds them; with ``prefetch``,
@@ -1775,25 +1768,29 @@ cdef extern from *:
        in order, its corner dots (gs3d_cl_dot, reduced by gs3d_cl_reduce8) and its scatter
        (gs3d_cl_run's), and the eight points' grid gradients together (gs3d_grid_grad8).
        grad_output's point p is at go + p gp with its channels at step gc: read in place when
-       gc is 1, else staged into ``stage`` (64 * 64 floats, the kernels' STAGE): the whole
-       tile at once when its points are at step 1 and C * cnt fits (gs3d_transpose_f, as the
-       tile loop stages it; the next tile's nxt points prefetched), else eight points at a
-       time by 8 x 8 transpositions.  Offsets are int32 (the caller checks int32_offsets). */
+       gc is 1 (16-bit: converted into ``stage`` eight points at a time), else staged into
+       ``stage`` (64 * 64 floats, the kernels' STAGE): the whole tile at once when its points
+       are at step 1 and C * cnt fits (gs3d_transpose_f / _hf, as the tile loop stages it;
+       the next tile's nxt points prefetched), else eight points at a time by 8 x 8
+       transpositions.  Offsets are int32 (the caller checks int32_offsets). */
     /* the corner rows of the points of block B: of the input for the points owned, of the
        accumulator for those with corners in the slab */
     static inline void gs3d_rows_prefetch8(const gs3d_rows_args* a, const gs3d_bblock8* B,
                                            Py_ssize_t rlo, Py_ssize_t rlen, Py_ssize_t alo,
                                            Py_ssize_t alen) {
         if (B->ownb)
-            gs3d_prefetch_rows8(a->x, B->base, (unsigned)B->ownb, a->sy, a->sz, rlo, rlen);
+            gs3d_prefetch_rows8(a->xk ? (const void*)a->xh : (const void*)a->x, a->xk ? 2 : 4,
+                                B->base, (unsigned)B->ownb, a->sy, a->sz, rlo, rlen);
         if (B->slabb)
-            gs3d_prefetch_rows8(a->A, B->abase, (unsigned)B->slabb, a->ay, a->az, alo, alen);
+            gs3d_prefetch_rows8(a->A, 4, B->abase, (unsigned)B->slabb, a->ay, a->az, alo, alen);
     }
     GS3D_ALWAYS_INLINE void gs3d_backward_rows_body(const gs3d_rows_args* a, Py_ssize_t cnt,
                                                     float* stage, const Py_ssize_t C,
-                                                    const int dx) {
+                                                    const int dx, const int xk) {
         const Py_ssize_t sx = a->sx, sy = a->sy, sz = a->sz, ax = a->ax, ay = a->ay, az = a->az;
-        const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
+        const Py_ssize_t isz = xk ? 2 : 4;
+        const char* xbytes = xk ? (const char*)a->xh : (const char*)a->x;
+        const Py_ssize_t rlo = sx < 0 ? isz * sx : 0, rlen = isz * ((sx < 0 ? -sx : sx) + C);
         const Py_ssize_t alo = ax < 0 ? 4 * ax : 0, alen = 4 * ((ax < 0 ? -ax : ax) + C);
         const int all_planes = a->zlo <= 0 && a->zhi >= a->D;
         const __m256 zero = _mm256_setzero_ps();
@@ -1801,20 +1798,21 @@ cdef extern from *:
         gs3d_bblock8 blk[8];
         __m256 R[8], v[8], d[8], mv[3], gx, gy, gz;
         __m256i idx[3], okv[3], vld, mj[8], mall, slab, vs8;
-        float gx8[8], gy8[8], gz8[8], wa[8][8];
+        float wa[8][8];
         int ol[8][8], oa[8][8];
         unsigned mb[8], vsb[8], vd, vs;
         Py_ssize_t p, c;
         int l, j, k, b, cb, nb, r, whole;
         memset(&xa, 0, sizeof(xa));
         xa.x = a->x;
+        xa.xh = a->xh;
         nb = (int)(cnt + 7) / 8;
         for (b = 0; b < nb; b++) {
             gs3d_bblock8* B = &blk[b];
             p = 8 * b;
             k = cnt - p < 8 ? (int)(cnt - p) : 8;
-            gs3d_map8(a->q + p * a->qp, NULL, 0, a->qp, a->qc, k, a->W, a->H, a->D, a->align,
-                      a->border, idx, B->m, B->w, okv, mv);
+            gs3d_map8(xk ? NULL : a->q + p * a->qp, xk ? a->qh + p * a->qp : NULL, xk, a->qp,
+                      a->qc, k, a->W, a->H, a->D, a->align, a->border, idx, B->m, B->w, okv, mv);
             vld = _mm256_and_si256(_mm256_and_si256(okv[0], okv[1]), okv[2]);
             for (j = 0; j < 3; j++)
                 B->mult[j] = _mm256_and_ps(mv[j], _mm256_castsi256_ps(vld));
@@ -1829,7 +1827,9 @@ cdef extern from *:
                        & ((1 << k) - 1);
         }
         whole = a->gc != 1 && a->gp == 1 && C * cnt <= 64 * 64;
-        if (whole)
+        if (whole && xk)
+            gs3d_transpose_hf(a->goh, a->gc, C, cnt, stage, C, a->nxt, xk == 2);
+        else if (whole)
             gs3d_transpose_f(a->go, a->gc, C, cnt, stage, C, a->nxt);
         /* the first block's corner rows now, every later point's eight points ahead */
         if (a->prefetch)
@@ -1880,19 +1880,25 @@ cdef extern from *:
                 for (c = 0; c < C; c += 8) {
                     for (r = 0; r < 8; r++)
                         v[r] = k == 8 && a->gp == 1
-                            ? _mm256_loadu_ps(a->go + (c + r) * a->gc + p)
-                            : gs3d_ld8_step(a->go, NULL, 0, (c + r) * a->gc + p * a->gp, a->gp,
-                                            k, 0.0f);
+                            ? gs3d_cl_ld8(a->go, a->goh, (c + r) * a->gc + p, xk)
+                            : gs3d_ld8_step(a->go, a->goh, xk, (c + r) * a->gc + p * a->gp,
+                                            a->gp, k, 0.0f);
                     gs3d_transpose8(v);
                     for (l = 0; l < k; l++)
                         _mm256_storeu_ps(stage + l * C + c, v[l]);
                 }
+            } else if (xk && a->gc == 1) {
+                /* 16-bit grad_output, channels contiguous: converted point by point */
+                for (l = 0; l < k; l++)
+                    for (c = 0; c < C; c += 8)
+                        _mm256_storeu_ps(stage + l * C + c,
+                                         gs3d_cl_ld8(NULL, a->goh, (p + l) * a->gp + c, xk));
             }
             for (l = 0; l < 8; l++) {
-                const float* go = a->gc == 1 ? a->go + (p + l) * a->gp
+                const float* go = a->gc == 1 && !xk ? a->go + (p + l) * a->gp
                                   : stage + (whole ? p + l : l) * C;
                 for (r = 0; r < ((nown >> l) & 1 ? 4 : 0); r++)
-                    gs3d_cl_span((const char*)(a->x + nxo[l] + (r >> 1) * sz + (r & 1) * sy) + rlo,
+                    gs3d_cl_span(xbytes + isz * (nxo[l] + (r >> 1) * sz + (r & 1) * sy) + rlo,
                                  rlen);
                 for (r = 0; r < ((nsl >> l) & 1 ? 4 : 0); r++)
                     gs3d_cl_span((const char*)(a->A + nxa[l] + (r >> 1) * az + (r & 1) * ay) + alo,
@@ -1908,7 +1914,7 @@ cdef extern from *:
                 R[l] = zero;
                 if (vd) {
                     for (j = 0; j < 8; j++)
-                        v[j] = (vd >> j) & 1 ? gs3d_cl_dot(&xa, go, ol[j][l], C, 0) : zero;
+                        v[j] = (vd >> j) & 1 ? gs3d_cl_dot(&xa, go, ol[j][l], C, xk) : zero;
                     R[l] = gs3d_cl_reduce8(v);
                 }
                 for (j = 0; j < (dx ? 8 : 0); j++)
@@ -1922,29 +1928,27 @@ cdef extern from *:
             for (j = 0; j < 8; j++)
                 d[j] = R[(j >> 1) + 4 * (j & 1)];
             gs3d_grid_grad8(d, B->w, mj, mall, &gx, &gy, &gz);
-            _mm256_storeu_ps(gx8, _mm256_mul_ps(B->mult[0], gx));
-            _mm256_storeu_ps(gy8, _mm256_mul_ps(B->mult[1], gy));
-            _mm256_storeu_ps(gz8, _mm256_mul_ps(B->mult[2], gz));
-            for (l = 0; l < k; l++) {
-                if ((B->ownb >> l) & 1) {
-                    float* o = a->dq + (p + l) * a->dp;
-                    o[0] = gx8[l];
-                    o[a->dc] = gy8[l];
-                    o[2 * a->dc] = gz8[l];
-                }
-            }
+            gx = _mm256_mul_ps(B->mult[0], gx);
+            gy = _mm256_mul_ps(B->mult[1], gy);
+            gz = _mm256_mul_ps(B->mult[2], gz);
+            gs3d_put_grid_grad8(a->dq, a->dqh, xk, NULL, p * a->dp, a->dp, a->dc,
+                                (unsigned)B->ownb, k, gx, gy, gz);
         }
     }
     /* the usual channel counts with the channel loops unrolled, with and without the input
-       gradient */
-    #define GS3D_ROWS_CASES(DX) switch (a->C) { \
-            case 8: gs3d_backward_rows_body(a, cnt, stage, 8, DX); break; \
-            case 16: gs3d_backward_rows_body(a, cnt, stage, 16, DX); break; \
-            case 32: gs3d_backward_rows_body(a, cnt, stage, 32, DX); break; \
-            default: gs3d_backward_rows_body(a, cnt, stage, a->C, DX); }
+       gradient, per storage (float32, float16, bfloat16) */
+    #define GS3D_ROWS_CASES(DX, XK) switch (a->C) { \
+            case 8: gs3d_backward_rows_body(a, cnt, stage, 8, DX, XK); break; \
+            case 16: gs3d_backward_rows_body(a, cnt, stage, 16, DX, XK); break; \
+            case 32: gs3d_backward_rows_body(a, cnt, stage, 32, DX, XK); break; \
+            default: gs3d_backward_rows_body(a, cnt, stage, a->C, DX, XK); }
     static void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) {
-        if (a->do_dx) { GS3D_ROWS_CASES(1) }
-        else { GS3D_ROWS_CASES(0) }
+        if (a->xk == 1 && a->do_dx) { GS3D_ROWS_CASES(1, 1) }
+        else if (a->xk == 1) { GS3D_ROWS_CASES(0, 1) }
+        else if (a->xk == 2 && a->do_dx) { GS3D_ROWS_CASES(1, 2) }
+        else if (a->xk == 2) { GS3D_ROWS_CASES(0, 2) }
+        else if (a->do_dx) { GS3D_ROWS_CASES(1, 0) }
+        else { GS3D_ROWS_CASES(0, 0) }
     }
     #undef GS3D_ROWS_CASES
     /* The forward's channels-last loop for C a multiple of 8 (AVX2 build), with
@@ -2118,8 +2122,12 @@ cdef extern from *:
         const float* q
         const float* go
         float* dq
+        const uint16_t* xh
+        const uint16_t* qh
+        const uint16_t* goh
+        uint16_t* dqh
         Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt
-        int align, border, do_dx, do_dg, own_all, prefetch
+        int align, border, do_dx, do_dg, own_all, prefetch, xk
     void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) noexcept nogil
     void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                           float* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil

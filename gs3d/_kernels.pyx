@@ -131,7 +131,9 @@ cdef enum:
 # ROWS_MAX_PLANES planes, or a quarter of the depth (tile_coherent: a uniformly random grid
 # spans all of it; the bench's smooth warps span 3-4 planes at 32^3, 7-15 at 128^3); the grid
 # gradient alone always takes it (1.07-1.49x at 32^3, 64^3 smooth 1.20-1.31x, random
-# 1.00-1.07x).  The bits are the same either way.
+# 1.00-1.07x).  The bits are the same either way.  float16 and bfloat16 storage follow the
+# same rules (smooth grids with the input gradient 1.06-1.18x, the grid gradient alone
+# 1.24-1.32x; README).
 cdef enum:
     ROWS_MAX_PLANES = 8
 
@@ -1603,20 +1605,25 @@ cdef void nearest_scatter_slab(const store_t* grad, acc_t* A, Py_ssize_t* As, Ge
         p0 += k
 
 
-cdef inline bint tile_coherent(const float* q, Py_ssize_t qp, Py_ssize_t qc, int cnt,
-                              Py_ssize_t D) noexcept nogil:
-    """True when the depth coordinates of the cnt points at q, q + qp, ... (z at 2 qc) span
-    at most ROWS_MAX_PLANES planes of a depth D, or a quarter of them (see ROWS_MAX_PLANES).
-    An infinity, or a NaN first, fails; later NaNs are passed over (only the speed depends on
-    the answer)."""
-    cdef float lo = q[2 * qc], hi = q[2 * qc], z
+cdef inline bint tile_coherent(const store_t* q, Py_ssize_t qp, Py_ssize_t qc, int cnt,
+                              Py_ssize_t D, int hk) noexcept nogil:
+    """True when the depth coordinates of the cnt float32 or 16-bit (of kind ``hk``) points
+    at q, q + qp, ... (z at 2 qc) span at most ROWS_MAX_PLANES planes of a depth D, or a
+    quarter of them (see ROWS_MAX_PLANES).  An infinity, or a NaN first, fails; later NaNs are
+    passed over (only the speed depends on the answer).  The span only grows, so the answer
+    is known as soon as it is too wide: a uniformly random tile is rejected after a few
+    points (which matters for 16-bit grids, converted point by point)."""
+    cdef float lo = <float>ld(q, 2 * qc, hk), hi = lo, z
     cdef int i
+    # (hi - lo) * D / 2 planes, either align_corners; NaN and infinities fail the test
+    cdef double most = 2.0 * max(<Py_ssize_t>ROWS_MAX_PLANES, D // 4)
     for i in range(1, cnt):
-        z = q[i * qp + 2 * qc]
+        z = <float>ld(q, i * qp + 2 * qc, hk)
         lo = z if z < lo else lo
         hi = z if z > hi else hi
-    # (hi - lo) * D / 2 planes, either align_corners; NaN and infinities fail the test
-    return <double>(hi - lo) * <double>D <= 2.0 * max(<Py_ssize_t>ROWS_MAX_PLANES, D // 4)
+        if <double>(hi - lo) * <double>D > most:
+            return False
+    return <double>(hi - lo) * <double>D <= most
 
 
 cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q, store_t* dq,
@@ -1677,17 +1684,31 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
             gs3d_backward_gather_avx2(&ba, cnt)
             return
-    if (store_t is float and acc_t is float and g.rows
+    if (store_t is not double and acc_t is float and g.rows
             and (not do_dx or (g.rows_dx and ac == 1
                                and tile_coherent(&q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
-                                                 cnt, g.D)))):
+                                                 cnt, g.D, hk)))):
         # channels contiguous in the input (and the accumulator): gs3d_backward_rows, the
-        # channels-last loop's bits without the tile arrays of setup_tile (see ROWS_MAX_PLANES)
-        rw.x, rw.A, rw.q = &x[n * g.xs[0]], A, &q[n * g.qs[0] + p0 * g.qp]
-        rw.go = &grad[n * g.gs[0] + p0 * g.op]
-        rw.dq, rw.dp, rw.dc = NULL, 0, 0
+        # channels-last loop's bits without the tile arrays of setup_tile (see ROWS_MAX_PLANES);
+        # 16-bit storage converted exactly, the grid gradient rounded once
+        rw.A = A
+        rw.x = rw.q = rw.go = rw.dq = NULL
+        rw.xh = rw.qh = rw.goh = rw.dqh = NULL
+        if store_t is float:
+            rw.x, rw.q = &x[n * g.xs[0]], &q[n * g.qs[0] + p0 * g.qp]
+            rw.go = &grad[n * g.gs[0] + p0 * g.op]
+            rw.xk = 0
+        else:
+            rw.xh, rw.qh = &x[n * g.xs[0]], &q[n * g.qs[0] + p0 * g.qp]
+            rw.goh = &grad[n * g.gs[0] + p0 * g.op]
+            rw.xk = 2 if hk == HALF_BF16 else 1
+        rw.dp, rw.dc = 0, 0
         if do_dg:
-            rw.dq, rw.dp, rw.dc = &dq[n * g.os[0] + p0 * g.dp], g.dp, g.os[4]
+            if store_t is float:
+                rw.dq = &dq[n * g.os[0] + p0 * g.dp]
+            else:
+                rw.dqh = &dq[n * g.os[0] + p0 * g.dp]
+            rw.dp, rw.dc = g.dp, g.os[4]
         rw.sx, rw.sy, rw.sz, rw.ax, rw.ay, rw.az = g.xs[3], g.xs[2], g.xs[1], As[2], As[1], As[0]
         rw.W, rw.H, rw.D, rw.C = g.W, g.H, g.D, C
         rw.qp, rw.qc, rw.gp, rw.gc = g.qp, g.qs[4], g.op, gc
@@ -2375,16 +2396,19 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                           and (cl or not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
                                                                   else g.as_))
                           and (not want_dg or flat_points(gp.os, gp, &gp.dp)))
-    elif store_t is float:
+    elif store_t is not double:
         # gs3d_backward_rows (see backward_tile): judged once per call, its point steps kept
-        # in gp.qp, gp.op, gp.dp; the accumulator's offsets (the channels-last one, or dx)
+        # in gp.qp, gp.op, gp.dp; the accumulator's offsets (the channels-last one, dx for
+        # float32, the float32 accumulator of 16-bit storage)
         gp.rows = (GS3D_HAVE_SIMD_GATHER and g.mode == MODE_BILINEAR and gp.xs[4] == 1
+                   and (store_t is float or GS3D_HAVE_HALF_SIMD)
                    and g.C % 8 == 0 and 8 * g.C <= STAGE
                    and flat_points(gp.qs, gp, &gp.qp) and flat_points(gp.gs, gp, &gp.op)
                    and (not want_dg or flat_points(gp.os, gp, &gp.dp))
                    and int32_offsets(gp, &gp.xs[1]))
         if gp.rows and want_dx:
-            gp.rows_dx = int32_offsets(g, Acl) if cl else int32_offsets(g, &g.ds[1])
+            gp.rows_dx = (int32_offsets(g, Acl) if cl else
+                          int32_offsets(g, &g.ds[1] if store_t is float else g.as_))
     ntiles = (P + TILE - 1) // TILE
     A = NULL
     As[0] = As[1] = As[2] = As[3] = 0

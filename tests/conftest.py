@@ -51,6 +51,38 @@ def same_bits(a, b):
                                              np.ascontiguousarray(b).view(np.uint8)))
 
 
+def kernel_modules():
+    """The baseline kernel module, then every SIMD variant this CPU runs: AVX2, and AVX-512
+    where the CPU has it (skips where the AVX2 one cannot run).  Cross-build tests compare
+    each variant with the baseline."""
+    from gs3d import _kernels
+    try:
+        from gs3d import _kernels_avx2
+    except ImportError:
+        pytest.skip("the AVX2 variant is not built on this platform")
+    if not _kernels.cpu_has_avx2():
+        pytest.skip("this CPU lacks AVX2/FMA/F16C")
+    modules = [_kernels, _kernels_avx2]
+    if _kernels.cpu_has_avx512():
+        from gs3d import _kernels_avx512
+        modules.append(_kernels_avx512)
+    return modules
+
+
+def run_with(module, fn):
+    """fn() with gs3d's kernels taken from ``module`` (the call cache is cleared on both sides:
+    its scratch sets hold runners of the module that made them)."""
+    from gs3d import _api
+    saved = _api._kernels
+    _api.clear_call_cache()
+    _api._kernels = module
+    try:
+        return fn()
+    finally:
+        _api._kernels = saved
+        _api.clear_call_cache()
+
+
 @pytest.fixture(autouse=True)
 def _requested_threads_on_small_shapes(monkeypatch):
     """gs3d runs small calls on fewer threads than requested (one per _WORK_PER_THREAD

@@ -1,7 +1,7 @@
-"""The float32 backward of a multiple of 8 channels contiguous in the input (NDHWC, or NCDHW
-through its channels-last copy) runs through gs3d_backward_rows (no per-tile arrays): the grid
-gradient alone always, the full call for tiles whose points are close together in depth
-(tile_coherent), the tile loop otherwise and wherever the accumulator's channels are not
+"""The float32 and 16-bit backward of a multiple of 8 channels contiguous in the input (NDHWC,
+or NCDHW through its channels-last copy) runs through gs3d_backward_rows (no per-tile arrays):
+the grid gradient alone always, the full call for tiles whose points are close together in
+depth (tile_coherent), the tile loop otherwise and wherever the accumulator's channels are not
 contiguous.  SPEC "Output mask" and "Determinism": each must give bitwise the tile loop's
 results, at every thread count, for every way grad_output is laid out, and agree with the
 reference.
@@ -11,7 +11,7 @@ import pytest
 
 import gs3d
 from gs3d import reference as ref
-from conftest import TOLERANCE, rel_err, to_layout
+from conftest import TOLERANCE, kernel_modules, np_dtype, rel_err, run_with, same_bits, to_layout
 
 # Wo = 13: a partial block of eight points at the end of every row of 13 (and tiles of 64
 # points end mid-block); C = 72: more channels than one tile's staging holds at once.  D = 40:
@@ -56,11 +56,11 @@ def _strided(a):
     return view
 
 
-def _check_reference(got, x, q, go, cfg):
+def _check_reference(got, x, q, go, cfg, dtype="float32"):
     want = ref.grid_sample_3d_backward(go.astype(np.float64), x.astype(np.float64),
                                        q.astype(np.float64), **cfg)
     for a, r in zip(got, want):
-        assert rel_err(a, r) <= TOLERANCE["float32"], cfg
+        assert rel_err(a, r) <= TOLERANCE[dtype], cfg
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
@@ -107,3 +107,36 @@ def test_coherent_tiles_give_the_tile_loops_bits(layout, which, mask):
         if mask == (True, True):
             _check_reference((np.moveaxis(dense[0], 4, 1) if layout == "NDHWC" else dense[0],
                               dense[1]), x, q, go, cfg)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
+@pytest.mark.parametrize("which", range(3))
+@pytest.mark.parametrize("grid", ["coherent", "random", "strided_grad"])
+def test_16bit_rows_give_the_baseline_bits(dtype, layout, which, grid):
+    """16-bit storage takes gs3d_backward_rows too (values converted exactly, sums in float32,
+    the grid gradient rounded once; grad_output converted point by point, a tile at a time
+    when its channels are strided and its points at step 1, else eight points at a time): the
+    full call on a grid near the identity, the grid gradient alone on any grid.  Every mask,
+    at 1, 2 and 3 threads, under every kernel module this CPU runs, gives the bits of the
+    baseline build's tile loop at one thread, and agrees with the reference."""
+    dt = np_dtype(dtype)
+    shape = (SHAPES if layout == "NCDHW" else FEW_POINTS)[which]
+    x, q, go = _case(*shape, seed=shape[1] + 2, spread=None if grid == "coherent" else 1.2)
+    x, q, go = (a.astype(dt) for a in (x, q, go))
+    xl, gl = to_layout(x, layout), to_layout(go, layout)
+    if grid == "strided_grad":
+        gl = _strided(gl)
+    for cfg in CFGS:
+        for mask in [(True, True), (True, False), (False, True)]:
+            runs = [run_with(m, lambda: [gs3d.grid_sample_3d_backward(
+                gl, xl, q, layout=layout, num_threads=nt, output_mask=mask, **cfg)
+                for nt in (1, 2, 3)]) for m in kernel_modules()]
+            base = runs[0][0]
+            for module_runs in runs:
+                for got in module_runs:
+                    assert all(same_bits(a, b) for a, b in zip(base, got)), (cfg, mask)
+            if mask == (True, True):
+                full = base
+        _check_reference((np.moveaxis(full[0], 4, 1) if layout == "NDHWC" else full[0],
+                          full[1]), x, q, go, cfg, dtype)

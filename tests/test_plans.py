@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import gs3d
-from conftest import np_dtype, to_layout
+from conftest import kernel_modules, np_dtype, run_with, to_layout
 
 
 def _case(rng, dtype="float32", layout="NCDHW"):
@@ -344,7 +344,7 @@ def test_slab_bounds_sample_the_documented_points(out_shape):
     Do, Ho, Wo = out_shape
     padded = np.full((1, Do, Ho + 1, Wo + 2, 3), 7.0)[:, :, :Ho, :Wo]
     padded[...] = q
-    for module in _kernel_modules():
+    for module in kernel_modules():
         for D, nt in ((9, 2), (23, 3), (40, 4)):
             for grid in (q, q.astype(np.float32), padded):
                 bounds, cost = module.slab_bounds(grid, D, 6, 5, nt)
@@ -420,38 +420,6 @@ def test_deterministic_switches():
         gs3d.set_deterministic(1)
 
 
-def _kernel_modules():
-    """The baseline kernel module, then every SIMD variant this CPU runs: AVX2, and AVX-512
-    where the CPU has it (skips where the AVX2 one cannot run).  Cross-build tests compare
-    each variant with the baseline."""
-    from gs3d import _kernels
-    try:
-        from gs3d import _kernels_avx2
-    except ImportError:
-        pytest.skip("the AVX2 variant is not built on this platform")
-    if not _kernels.cpu_has_avx2():
-        pytest.skip("this CPU lacks AVX2/FMA/F16C")
-    modules = [_kernels, _kernels_avx2]
-    if _kernels.cpu_has_avx512():
-        from gs3d import _kernels_avx512
-        modules.append(_kernels_avx512)
-    return modules
-
-
-def _run_with(module, fn):
-    """fn() with gs3d's kernels taken from ``module`` (the call cache is cleared on both sides:
-    its scratch sets hold runners of the module that made them)."""
-    from gs3d import _api
-    saved = _api._kernels
-    _api.clear_call_cache()
-    _api._kernels = module
-    try:
-        return fn()
-    finally:
-        _api._kernels = saved
-        _api.clear_call_cache()
-
-
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("C,N,threads", [(18, 2, 2), (24, 2, 2), (24, 1, 3)])
@@ -466,10 +434,10 @@ def test_simd_variants_agree_bitwise(layout, dtype, C, N, threads):
     g, x = (np.concatenate([a.astype(np.float64) * (1 + 0.37 * k) for k in range(C // 3)],
                            axis=ax)[:N].astype(a.dtype) for a in (g, x))
     q = q[:N]
-    results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
+    results = [run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
                                                                  num_threads=threads)
                          + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=threads),))
-               for m in _kernel_modules()]
+               for m in kernel_modules()]
     for other in results[1:]:
         for a, b in zip(results[0], other):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8))
@@ -500,9 +468,9 @@ def test_half_rounding_of_nan_and_inf_gradients_agrees_across_builds(layout, dty
     gb[pick] = np.resize(np.array(pats, dtype=np.uint16), pick.size)
     if layout == "NDHWC":
         x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
-    results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
+    results = [run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
                                                                  num_threads=1))
-               for m in _kernel_modules()]
+               for m in kernel_modules()]
     dx0 = results[0][0].astype(np.float32)
     assert np.isnan(dx0).any() and np.isinf(dx0).any()
     for got in results:
@@ -536,7 +504,7 @@ def test_axes_beyond_int32_indices_agree_across_builds(W):
 
     want = np.zeros(q.shape, np.float32)
     want[..., 1:] = -0.5
-    for out, dq in (_run_with(m, run) for m in _kernel_modules()):
+    for out, dq in (run_with(m, run) for m in kernel_modules()):
         assert np.array_equal(out, np.ones_like(out))
         assert np.array_equal(dq.view(np.uint32), want.view(np.uint32))
 
@@ -562,7 +530,7 @@ def test_float16_conversions_agree_across_builds_on_every_bit_pattern():
 
     both_nan = np.isnan(a) & np.isnan(b)
     assert 0 < both_nan.sum() < 200       # (the exception below is a small set: 53 pairs)
-    (first0, mid0), *variants = (_run_with(m, run) for m in _kernel_modules())
+    (first0, mid0), *variants = (run_with(m, run) for m in kernel_modules())
     for first, mid in variants:
         assert np.array_equal(first0.view(np.uint16), first.view(np.uint16))
         assert np.array_equal(mid0[~both_nan].view(np.uint16), mid[~both_nan].view(np.uint16))
@@ -624,9 +592,9 @@ def test_nearest_half_voxel_ties_agree_with_reference_in_both_builds(align, padd
     kw = dict(mode="nearest", padding_mode=padding, align_corners=align)
     want_f = reference.grid_sample_3d(x, q, **kw)
     want_dx, want_dg = reference.grid_sample_3d_backward(go, x, q, **kw)
-    for module in _kernel_modules():
-        f = _run_with(module, lambda: gs3d.grid_sample_3d(x, q, num_threads=1, **kw))
-        dx, dg = _run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, num_threads=1,
+    for module in kernel_modules():
+        f = run_with(module, lambda: gs3d.grid_sample_3d(x, q, num_threads=1, **kw))
+        dx, dg = run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, num_threads=1,
                                                                          **kw))
         assert np.array_equal(f, want_f)
         assert np.allclose(dx, want_dx, rtol=0, atol=1e-14)
@@ -671,7 +639,7 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
         want = np.moveaxis(want, 1, 4)
     kw = dict(mode="bilinear", padding_mode=padding, align_corners=align, num_threads=1,
               layout=layout)
-    results = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, **kw)) for m in _kernel_modules()]
+    results = [run_with(m, lambda: gs3d.grid_sample_3d(x, q, **kw)) for m in kernel_modules()]
     scale = max(np.abs(want).max(), 1e-30)
     for r in results[1:]:
         assert np.array_equal(results[0].view(np.uint32), r.view(np.uint32))
@@ -704,7 +672,7 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
     elif variant == "two_threads":
         kw["num_threads"] = 2
     results = []
-    for module in _kernel_modules():
+    for module in kernel_modules():
         if variant == "out_view":
             out = np.full((2, C, 3, 4, 22), 5.0, np.float32)[..., ::2]
         elif variant == "ndhwc_views":
@@ -713,7 +681,7 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
             # channels 132 apart, points at step 1 (C = 16: the point-by-point branch with
             # each eight points' sums transposed into channel runs)
             out = np.moveaxis(np.full((2, C, 3, 4, 11), 5.0, np.float32), 1, 4)
-        r = _run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw))
+        r = run_with(module, lambda: gs3d.grid_sample_3d(x, q, out=out, **kw))
         results.append(r)
         assert np.array_equal(results[0].view(np.uint32), r.view(np.uint32))
         if variant == "out_view":
@@ -728,8 +696,8 @@ def _backward_both_builds(go, x, q, **kw):
     """grid_sample_3d_backward under the baseline and the AVX2 build, as unsigned-integer
     views (their bits)."""
     results = []
-    for module in _kernel_modules():
-        r = _run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, **kw))
+    for module in kernel_modules():
+        r = run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, **kw))
         results.append([None if a is None else a.view("u%d" % a.dtype.itemsize) for a in r])
     return results
 
@@ -903,12 +871,12 @@ def test_few_channel_float32_backward_strides_agree_across_builds(variant, C):
     elif variant == "batch_two":
         x, q, go = (np.concatenate([a, a[:, ::-1] if a is q else -a]) for a in (x, q, go))
     results = []
-    for module in _kernel_modules():
+    for module in kernel_modules():
         if variant == "dx_view":
             kw["input_grad"] = np.full((1, C, 8, 7, 18), 5.0, np.float32)[..., ::2]
         elif variant == "dg_view":
             kw["grid_grad"] = np.full((1, 3, 4, 22, 3), 5.0, np.float32)[:, :, :, ::2]
-        r = _run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, **kw))
+        r = run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, **kw))
         results.append(r)
         for name in ("input_grad", "grid_grad"):
             if name in kw:
@@ -984,8 +952,8 @@ def test_channel_dot_keeps_its_lane_order(layout, dtype, partner):
     f64 = lambda a: a.astype(np.float64)
     _, want = reference.grid_sample_3d_backward(f64(g), f64(x), f64(q), layout=layout)
     assert np.abs(want).max() > 0.01
-    for m in _kernel_modules():
-        _, dg = _run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout))
+    for m in kernel_modules():
+        _, dg = run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout))
         assert rel_err(dg, want) <= TOLERANCE[dtype], m.__name__
 
 
@@ -1075,9 +1043,9 @@ def test_half_input_grad_rounding_agrees_across_builds(layout, dtype):
     if layout == "NDHWC":
         x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
     for t in (1, 2, 4):
-        results = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(
+        results = [run_with(m, lambda: gs3d.grid_sample_3d_backward(
             go, x, q, layout=layout, num_threads=t, output_mask=(True, False))[0])
-            for m in _kernel_modules()]
+            for m in kernel_modules()]
         u = [r.view(np.uint16) for r in results]
         assert all(np.array_equal(u[0], v) for v in u[1:])
         assert np.isnan(results[0].astype(np.float32)).any()
@@ -1107,9 +1075,9 @@ def test_half_forward_ties_and_nan_payloads_agree_across_builds(layout, dtype):
     if layout == "NDHWC":
         x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
     for t in (1, 2):
-        res = [_run_with(m, lambda: gs3d.grid_sample_3d(x, q, layout=layout, align_corners=True,
+        res = [run_with(m, lambda: gs3d.grid_sample_3d(x, q, layout=layout, align_corners=True,
                                                         num_threads=t))
-               for m in _kernel_modules()]
+               for m in kernel_modules()]
         assert all(np.array_equal(res[0].view(np.uint16), r.view(np.uint16)) for r in res[1:])
         out = np.asarray(res[1] if layout == "NCDHW" else np.moveaxis(res[1], 4, 1))
         out = out.astype(np.float64)[0, :, 0, 0]                       # (C, P)
@@ -1143,9 +1111,9 @@ def test_half_input_grad_ties_and_nan_payloads_agree_across_builds(layout, dtype
     if layout == "NDHWC":
         x, go = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, go))
     for t in (1, 2):
-        res = [_run_with(m, lambda: gs3d.grid_sample_3d_backward(
+        res = [run_with(m, lambda: gs3d.grid_sample_3d_backward(
             go, x, q, layout=layout, align_corners=True, num_threads=t,
-            output_mask=(True, False))[0]) for m in _kernel_modules()]
+            output_mask=(True, False))[0]) for m in kernel_modules()]
         assert all(np.array_equal(res[0].view(np.uint16), r.view(np.uint16)) for r in res[1:])
         plane = np.asarray(res[0] if layout == "NCDHW" else np.moveaxis(res[0], 4, 1))[0, :, 2]
         want = (1 + 2 * ulp) * scale[0, :, 0]
@@ -1169,7 +1137,7 @@ def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(build, di
     from gs3d import _api, reference
     from gs3d._validation import PADDINGS, check_problem
     from conftest import TOLERANCE, from_layout, rel_err, to_layout
-    builds = _kernel_modules()
+    builds = kernel_modules()
     if build == "avx512" and len(builds) < 3:
         pytest.skip("this CPU lacks AVX-512")
     k = builds[["baseline", "avx2", "avx512"].index(build)]
@@ -1182,7 +1150,7 @@ def test_more_channels_than_the_staging_buffer_stay_inside_the_scratch(build, di
     pb = check_problem(x, q, go if direction == "backward" else None, "bilinear", padding,
                        False, layout)
     nt = 1
-    res = _run_with(k, lambda: _api._Resources(pb, nt, direction == "backward",
+    res = run_with(k, lambda: _api._Resources(pb, nt, direction == "backward",
                                                 backward=direction == "backward"))
     sc_buf = np.full((nt + 1, res.scratch.shape[1]), 7, res.scratch.dtype)
     half = dt.itemsize == 2
