@@ -1940,6 +1940,7 @@ cdef extern from *:
     #define GS3D_ROWS_CASES(DX, XK) switch (a->C) { \
             case 8: gs3d_backward_rows_body(a, cnt, stage, 8, DX, XK); break; \
             case 16: gs3d_backward_rows_body(a, cnt, stage, 16, DX, XK); break; \
+            case 24: gs3d_backward_rows_body(a, cnt, stage, 24, DX, XK); break; \
             case 32: gs3d_backward_rows_body(a, cnt, stage, 32, DX, XK); break; \
             default: gs3d_backward_rows_body(a, cnt, stage, a->C, DX, XK); }
     static void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) {

@@ -435,8 +435,8 @@ def test_simd_variants_agree_bitwise(layout, dtype, C, N, threads):
                            axis=ax)[:N].astype(a.dtype) for a in (g, x))
     q = q[:N]
     results = [run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
-                                                                 num_threads=threads)
-                         + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=threads),))
+                                                                num_threads=threads)
+                        + (gs3d.grid_sample_3d(x, q, layout=layout, num_threads=threads),))
                for m in kernel_modules()]
     for other in results[1:]:
         for a, b in zip(results[0], other):
@@ -469,7 +469,7 @@ def test_half_rounding_of_nan_and_inf_gradients_agrees_across_builds(layout, dty
     if layout == "NDHWC":
         x, g = (np.ascontiguousarray(np.moveaxis(a, 1, 4)) for a in (x, g))
     results = [run_with(m, lambda: gs3d.grid_sample_3d_backward(g, x, q, layout=layout,
-                                                                 num_threads=1))
+                                                                num_threads=1))
                for m in kernel_modules()]
     dx0 = results[0][0].astype(np.float32)
     assert np.isnan(dx0).any() and np.isinf(dx0).any()
@@ -595,7 +595,7 @@ def test_nearest_half_voxel_ties_agree_with_reference_in_both_builds(align, padd
     for module in kernel_modules():
         f = run_with(module, lambda: gs3d.grid_sample_3d(x, q, num_threads=1, **kw))
         dx, dg = run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, num_threads=1,
-                                                                         **kw))
+                                                                        **kw))
         assert np.array_equal(f, want_f)
         assert np.allclose(dx, want_dx, rtol=0, atol=1e-14)
         assert np.array_equal(dg, want_dg)
@@ -1076,7 +1076,7 @@ def test_half_forward_ties_and_nan_payloads_agree_across_builds(layout, dtype):
         x = np.ascontiguousarray(np.moveaxis(x, 1, 4))
     for t in (1, 2):
         res = [run_with(m, lambda: gs3d.grid_sample_3d(x, q, layout=layout, align_corners=True,
-                                                        num_threads=t))
+                                                       num_threads=t))
                for m in kernel_modules()]
         assert all(np.array_equal(res[0].view(np.uint16), r.view(np.uint16)) for r in res[1:])
         out = np.asarray(res[1] if layout == "NCDHW" else np.moveaxis(res[1], 4, 1))
