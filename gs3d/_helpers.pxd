@@ -1773,14 +1773,14 @@ cdef extern from *:
        are at step 1 and C * cnt fits (gs3d_transpose_f / _hf, as the tile loop stages it;
        the next tile's nxt points prefetched), else eight points at a time by 8 x 8
        transpositions.  Offsets are int32 (the caller checks int32_offsets). */
-    /* the corner rows of the points of block B: of the input for the points owned, of the
-       accumulator for those with corners in the slab */
+    /* the corner rows of the points of block B: of the input (xbytes, isz-byte elements) for
+       the points owned, of the accumulator for those with corners in the slab */
     static inline void gs3d_rows_prefetch8(const gs3d_rows_args* a, const gs3d_bblock8* B,
-                                           Py_ssize_t rlo, Py_ssize_t rlen, Py_ssize_t alo,
-                                           Py_ssize_t alen) {
+                                           const char* xbytes, Py_ssize_t isz, Py_ssize_t rlo,
+                                           Py_ssize_t rlen, Py_ssize_t alo, Py_ssize_t alen) {
         if (B->ownb)
-            gs3d_prefetch_rows8(a->xk ? (const void*)a->xh : (const void*)a->x, a->xk ? 2 : 4,
-                                B->base, (unsigned)B->ownb, a->sy, a->sz, rlo, rlen);
+            gs3d_prefetch_rows8(xbytes, isz, B->base, (unsigned)B->ownb, a->sy, a->sz, rlo,
+                                rlen);
         if (B->slabb)
             gs3d_prefetch_rows8(a->A, 4, B->abase, (unsigned)B->slabb, a->ay, a->az, alo, alen);
     }
@@ -1833,7 +1833,7 @@ cdef extern from *:
             gs3d_transpose_f(a->go, a->gc, C, cnt, stage, C, a->nxt);
         /* the first block's corner rows now, every later point's eight points ahead */
         if (a->prefetch)
-            gs3d_rows_prefetch8(a, &blk[0], rlo, rlen, alo, alen);
+            gs3d_rows_prefetch8(a, &blk[0], xbytes, isz, rlo, rlen, alo, alen);
         for (cb = 0; cb < nb; cb++) {
             const gs3d_bblock8* B = &blk[cb];
             int nxo[8], nxa[8];
@@ -1847,7 +1847,7 @@ cdef extern from *:
             if (!(B->ownb | B->slabb)) {
                 /* nothing of these eight points is this call's */
                 if (nown | nsl)
-                    gs3d_rows_prefetch8(a, &blk[cb + 1], rlo, rlen, alo, alen);
+                    gs3d_rows_prefetch8(a, &blk[cb + 1], xbytes, isz, rlo, rlen, alo, alen);
                 continue;
             }
             p = 8 * cb;

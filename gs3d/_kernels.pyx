@@ -1697,18 +1697,15 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         if store_t is float:
             rw.x, rw.q = &x[n * g.xs[0]], &q[n * g.qs[0] + p0 * g.qp]
             rw.go = &grad[n * g.gs[0] + p0 * g.op]
+            rw.dq = &dq[n * g.os[0] + p0 * g.dp] if do_dg else NULL
             rw.xk = 0
         else:
             rw.xh, rw.qh = &x[n * g.xs[0]], &q[n * g.qs[0] + p0 * g.qp]
             rw.goh = &grad[n * g.gs[0] + p0 * g.op]
+            rw.dqh = &dq[n * g.os[0] + p0 * g.dp] if do_dg else NULL
             rw.xk = 2 if hk == HALF_BF16 else 1
-        rw.dp, rw.dc = 0, 0
-        if do_dg:
-            if store_t is float:
-                rw.dq = &dq[n * g.os[0] + p0 * g.dp]
-            else:
-                rw.dqh = &dq[n * g.os[0] + p0 * g.dp]
-            rw.dp, rw.dc = g.dp, g.os[4]
+        rw.dp = g.dp if do_dg else 0
+        rw.dc = g.os[4] if do_dg else 0
         rw.sx, rw.sy, rw.sz, rw.ax, rw.ay, rw.az = g.xs[3], g.xs[2], g.xs[1], As[2], As[1], As[0]
         rw.W, rw.H, rw.D, rw.C = g.W, g.H, g.D, C
         rw.qp, rw.qc, rw.gp, rw.gc = g.qp, g.qs[4], g.op, gc
@@ -2366,6 +2363,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef bint cl, in_dx, store, points_split, slabs_repeat, few
     cdef Py_ssize_t two[3]
     cdef Py_ssize_t* sb
+    cdef const Py_ssize_t* ast
     P = g.Do * g.Ho * g.Wo
     item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
     # the channels-last path, when it pays and its buffers are there
@@ -2384,6 +2382,10 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     if cl and not in_dx and g.mode == MODE_BILINEAR:
         cl = nxcl >= item
     gp = &gT if cl else g
+    # the strides of the input gradient's accumulator: the channels-last one, the float32
+    # accumulator of 16-bit storage, or input_grad itself
+    ast = &Acl[0] if cl else (&g.as_[0] if half_acc else &g.ds[1])
+    As[0], As[1], As[2], As[3] = ast[0], ast[1], ast[2], ast[3]
     if store_t is not double and g.C <= BWD_GATHER_MAX_C:
         # the AVX2 gather path: on the input (float32 accumulates in dx itself, strides g.ds;
         # 16-bit storage in its float32 accumulator, strides g.as_), or for few channels on the
@@ -2393,8 +2395,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
         if store_t is not float:
             half_rows(gp)
         gp.simd_gather = (gp.simd_gather
-                          and (cl or not want_dx or int32_offsets(g, &g.ds[1] if store_t is float
-                                                                  else g.as_))
+                          and (cl or not want_dx or int32_offsets(g, As))
                           and (not want_dg or flat_points(gp.os, gp, &gp.dp)))
     elif store_t is not double:
         # gs3d_backward_rows (see backward_tile): judged once per call, its point steps kept
@@ -2407,11 +2408,9 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                    and (not want_dg or flat_points(gp.os, gp, &gp.dp))
                    and int32_offsets(gp, &gp.xs[1]))
         if gp.rows and want_dx:
-            gp.rows_dx = (int32_offsets(g, Acl) if cl else
-                          int32_offsets(g, &g.ds[1] if store_t is float else g.as_))
+            gp.rows_dx = int32_offsets(g, As)
     ntiles = (P + TILE - 1) // TILE
     A = NULL
-    As[0] = As[1] = As[2] = As[3] = 0
     tiles = <Tile*>&workspace[0]
     bounds = <Py_ssize_t*>&workspace[nthreads * sizeof(Tile)]
     cost = <double*>&workspace[nthreads * sizeof(Tile) + (nthreads + 1) * sizeof(Py_ssize_t)]
@@ -2441,10 +2440,6 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
         # (its own dx[n], or for 16-bit storage the thread's own accumulator, all depth
         # planes), so results are those of one thread, and no thread repeats another's tile
         # set-up (which depth slabs do on random grids)
-        if half_acc:
-            As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
-        else:
-            As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
         for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
             slab_task(grad, x, q,
                       dgrid, &dacc[threadid() * dacc_shape[5]] if half_acc
@@ -2465,17 +2460,15 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                         transpose_planes(&x[n * g.xs[0]], g, xT, z, z + 1)
                 xin = xT
             if want_dx:
+                # (its strides: As)
                 if cl:
                     A = dacc
-                    As[0], As[1], As[2], As[3] = Acl[0], Acl[1], Acl[2], Acl[3]
                     store = not in_dx          # else after every thread is done reading xT
                 elif half_acc:
                     A = dacc
-                    As[0], As[1], As[2], As[3] = g.as_[0], g.as_[1], g.as_[2], g.as_[3]
                     store = True
                 else:
                     A = <acc_t*>&dx[n * g.ds[0]]
-                    As[0], As[1], As[2], As[3] = g.ds[1], g.ds[2], g.ds[3], g.ds[4]
                     store = False
                 nt = nthreads if nthreads < g.D else <int>g.D
                 sb = NULL

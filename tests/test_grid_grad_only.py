@@ -139,6 +139,5 @@ def test_16bit_rows_give_the_baseline_bits(dtype, layout, which, grid, strided):
                 for got in module_runs:
                     assert all(same_bits(a, b) for a, b in zip(base, got)), (cfg, mask)
             if mask == (True, True):
-                full = base
-        _check_reference((np.moveaxis(full[0], 4, 1) if layout == "NDHWC" else full[0],
-                          full[1]), x, q, go, cfg, dtype)
+                _check_reference((np.moveaxis(base[0], 4, 1) if layout == "NDHWC" else base[0],
+                                  base[1]), x, q, go, cfg, dtype)
