@@ -66,7 +66,8 @@ class ForwardPlan:
     input_shape: Tuple[int, ...]
     grid_shape: Tuple[int, ...]
     output_shape: Tuple[int, ...]
-    workspace_size: int
+    @property
+    def workspace_size(self) -> int: ...
     def __init__(
         self,
         input_shape: Tuple[int, ...],
@@ -88,7 +89,8 @@ class BackwardPlan:
     grid_shape: Tuple[int, ...]
     want_dx: bool
     want_dg: bool
-    workspace_size: int
+    @property
+    def workspace_size(self) -> int: ...
     def __init__(
         self,
         grad_output_shape: Tuple[int, ...],

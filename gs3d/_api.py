@@ -119,7 +119,7 @@ class _Resources:
     __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
                  "home", "plain_align", "cl", "xcl", "runner", "brunner", "split",
-                 "align_out", "align_dx", "align_dg")
+                 "align_out", "align_dx", "align_dg", "copy_on_demand", "copy_size")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool, backward: bool = False):
         acc = _compute_dtype(pb.kind)
@@ -134,7 +134,8 @@ class _Resources:
         # NCDHW with many channels runs through channels-last copies (see the kernels):
         # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
         # input_grad[n] when that is contiguous, else in ``xcl``
-        self.cl = _channels_last_copies(pb, backward)
+        copies = _copies_pay(pb, backward)
+        self.cl = copies and not pb.channels_last
         # the split of one batch item's points in two halves (see _may_split)
         self.split = backward and want_dx and _may_split(pb)
         if want_dx and self.cl and 1 < nt and nt * np.dtype(acc).itemsize <= 4 * pb.N:
@@ -156,12 +157,17 @@ class _Resources:
         else:
             self.dx_acc = np.empty((1, 1, 1, 1), dtype=acc)
         # (nearest's backward never reads the input, so it makes no copy of it)
-        copy_in = self.cl and not want_dx and not (backward and pb.mode == MODES["nearest"])
+        copy_in = copies and not want_dx and not (backward and pb.mode == MODES["nearest"])
         # with at least as many batch items as threads, the forward and the grid gradient
         # alone copy whole items, one per thread (at most the size of a float32 input:
         # float64 needs N >= 2 threads)
         k = nt if 1 < nt <= pb.N and nt * np.dtype(store).itemsize <= 4 * pb.N else 1
-        self.xcl = aligned_empty((D * H * W * pb.C * k if copy_in else 1,), store)
+        self.copy_size = D * H * W * pb.C * k
+        self.xcl = aligned_empty((self.copy_size if copy_in and self.cl else 1,), store)
+        # a channels-last problem takes the same copy when its input's channels are strided
+        # (an np.moveaxis view of an NCDHW array, say): ``xcl`` is then made by the first call
+        # with such an input (_grow_xcl; reading the channels in place cost 4-7x)
+        self.copy_on_demand = copy_in and pb.channels_last
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled
@@ -184,16 +190,15 @@ class _Resources:
         self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
 
 
-def _channels_last_copies(pb: Problem, backward: bool) -> bool:
-    """True when the kernels run ``pb`` (NCDHW) through channels-last copies: many channels,
-    or from four for the float32 bilinear backward, any padding (exactly four for
-    float16/bfloat16; their rule, _kernels.channels_last_pays; the buffers are sized here from
-    it)."""
+def _copies_pay(pb: Problem, backward: bool) -> bool:
+    """True when the kernels run ``pb`` through channels-last copies if its input's channel
+    stride is not 1 (always so for NCDHW): many channels, or from four for the float32
+    bilinear backward, any padding (exactly four for float16/bfloat16; their rule,
+    _kernels.channels_last_pays; the buffers are sized here from it)."""
     D, H, W = pb.in_spatial
     itemsize = 2 if pb.kind in _HALF_KIND else 8 if pb.kind == "f8" else 4
     few = backward and _kernels.few_channels_backward(itemsize, pb.C, pb.mode, pb.padding)
-    return not pb.channels_last and _kernels.channels_last_pays(
-        pb.C, D, H, W, math.prod(pb.out_spatial), few)
+    return _kernels.channels_last_pays(pb.C, D, H, W, math.prod(pb.out_spatial), few)
 
 
 def _may_split(pb: Problem) -> bool:
@@ -210,7 +215,7 @@ def _may_split(pb: Problem) -> bool:
     P = math.prod(pb.out_spatial)
     return (pb.N == 1 and pb.mode == MODES["bilinear"] and pb.kind not in _HALF_KIND
             and 4 * P >= D * H * W
-            and not _channels_last_copies(pb, True))
+            and (pb.channels_last or not _copies_pay(pb, True)))
 
 
 def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple) -> None:
@@ -220,7 +225,18 @@ def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple
                 (pb.N, *pb.out_spatial, 3), out_shape, pb.channels_last, res.scratch,
                 res.workspace, res.xcl, res.mode, res.padding, res.align, res.half_kind, res.nt)
     runner.line_out = res.align_out
+    runner.copy_on_demand = res.copy_on_demand
     res.runner = runner
+
+
+def _grow_xcl(res: _Resources, runner: Any, size: int) -> None:
+    """Give ``res`` and its runner a channels-last input copy buffer of ``size`` elements,
+    once (no longer pooled if that makes the scratch set too big for the pool)."""
+    res.xcl = aligned_empty((size,), res.xcl.dtype)
+    res.nbytes += _buffer_bytes(res.xcl)
+    if res.nbytes > _POOL_MAX_BYTES:
+        res.home = None
+    runner.set_xcl(res.xcl)
 
 
 def _bind_backward_runner(res: _Resources, dtype: np.dtype, want_dx: bool,
@@ -466,6 +482,8 @@ def _forward(res: _Resources, x, q, out, shape):
     if runner is None:
         runner = _kernels.ForwardRunner()
         _bind_runner(runner, res, x.dtype, shape)
+    if res.copy_on_demand and res.xcl.size == 1 and x.strides[4] != x.itemsize:
+        _grow_xcl(res, runner, res.copy_size)
     # the runner takes the arrays in the caller's layout and storage type (no views to make)
     runner.run(x, q, target)
     if target is not result:
@@ -613,15 +631,13 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     runner = res.brunner
     if runner is None:
         runner = _bind_backward_runner(res, x.dtype, want_dx, want_dg)
-    if (res.cl and dx_k is not None and res.xcl.size == 1 and res.mode == MODES["bilinear"]
-            and not _items_dense(dx_k)):
-        # the channels-last input copy cannot live in this input_grad: a buffer for it, once
-        # (and no longer pooled if that makes the scratch set too big for the pool)
-        res.xcl = aligned_empty((math.prod(res.dx_acc.shape[-4:]),), res.xcl.dtype)
-        res.nbytes += _buffer_bytes(res.xcl)
-        if res.nbytes > _POOL_MAX_BYTES:
-            res.home = None
-        runner.set_xcl(res.xcl)
+    if res.xcl.size == 1:
+        if (res.cl and dx_k is not None and res.mode == MODES["bilinear"]
+                and not _items_dense(dx_k)):
+            # the channels-last input copy cannot live in this input_grad: a buffer for it
+            _grow_xcl(res, runner, math.prod(res.dx_acc.shape[-4:]))
+        elif res.copy_on_demand and x.strides[4] != x.itemsize:
+            _grow_xcl(res, runner, res.copy_size)
     # the runner takes the arrays in the caller's layout and storage type (no views to make)
     runner.run(g, x, q, dx_k, dg_k, res.split)
     if dx is not None and dx_k is not dx:
@@ -748,6 +764,13 @@ def _check_outs(input_grad: Any, grid_grad: Any, want_dx: bool, want_dg: bool, g
 _ForwardRunner: Any = _kernels.ForwardRunner
 
 
+def _workspace_size(plan: Any) -> int:
+    """Bytes of scratch memory the plan owns and reuses on every call.  A channels-last plan
+    adds the channels-last copy of an input batch item (or one per thread) the first time an
+    input arrives with strided channels, when its forward or grid gradient takes that copy."""
+    return plan._res.nbytes
+
+
 class ForwardPlan(_ForwardRunner):
     """A validated forward for fixed shapes, dtype and options, owning its scratch memory.
 
@@ -770,8 +793,10 @@ class ForwardPlan(_ForwardRunner):
         nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
         self._res = _Resources(pb, nt, False)
         _bind_runner(self, self._res, self.dtype, self.output_shape)
-        #: bytes of scratch memory the plan owns and reuses on every call
-        self.workspace_size = self._res.nbytes
+
+    @property
+    def workspace_size(self) -> int:
+        return _workspace_size(self)
 
     def _slow_call(self, input, grid, out) -> np.ndarray:
         """The call for arrays the C checks did not clear: the full checks (the same errors as
@@ -812,8 +837,10 @@ class BackwardPlan:
         nt = _threads(num_threads, pb.N * math.prod(pb.out_spatial) * max(pb.C, 1))
         self._res = _Resources(pb, nt, self.want_dx, True)
         self._lock = threading.Lock()
-        #: bytes of scratch memory the plan owns and reuses on every call
-        self.workspace_size = self._res.nbytes
+
+    @property
+    def workspace_size(self) -> int:
+        return _workspace_size(self)
 
     def __call__(self, grad_output, input, grid, *, input_grad=None, grid_grad=None):
         g, x, q, dt = grad_output, input, grid, self.dtype

@@ -37,11 +37,13 @@ def backward(
 ) -> None: ...
 
 @disjoint_base     # an extension type: its instance layout is its own
-class _Locked: ...
+class _Locked:
+    def set_xcl(self, xcl: _Store) -> None: ...
 
 @disjoint_base
 class ForwardRunner(_Locked):
     line_out: bool
+    copy_on_demand: bool
     def bind(
         self, dtype: np.dtype[Any], input_shape: Tuple[int, ...], grid_shape: Tuple[int, ...],
         output_shape: Tuple[int, ...], channels_last: bool, scratch: _Acc,
@@ -63,7 +65,6 @@ class BackwardRunner(_Locked):
         workspace: npt.NDArray[np.uint8], xcl: _Store, dummy_dx: _Store, dummy_dg: _Store,
         mode: int, padding: int, align: bool, half_kind: int, nthreads: int,
     ) -> None: ...
-    def set_xcl(self, xcl: _Store) -> None: ...
     def run(
         self, go: npt.NDArray[Any], x: npt.NDArray[Any], q: npt.NDArray[Any],
         dx: Optional[npt.NDArray[Any]], dg: Optional[npt.NDArray[Any]], split: bool = ...,

@@ -1221,6 +1221,10 @@ cdef class _Locked:
     cdef bint align, channels_first, bound
     cdef Py_ssize_t isz, srow
     cdef char* scratch_p
+    # the channels-last input copy (see channels_last_geo), or a one-element dummy
+    cdef object xcl
+    cdef Py_ssize_t nxcl
+    cdef char* xcl_p
 
     def __cinit__(self, *args, **kwargs):
         self.lock = PyThread_allocate_lock()
@@ -1261,6 +1265,17 @@ cdef class _Locked:
         self.nthreads = nthreads
         return 0
 
+    def set_xcl(self, cnp.ndarray xcl):
+        """Replace the channels-last input copy buffer (C-contiguous, of the storage type; the
+        item size must be bound first)."""
+        if not (xcl.flags.c_contiguous and xcl.flags.writeable and xcl.flags.aligned
+                and xcl.size > 0 and xcl.dtype.itemsize == self.isz):
+            raise ValueError("xcl must be aligned, writeable, C-contiguous, non-empty and of "
+                             "the storage type's item size")
+        self.acquire()
+        self.xcl, self.xcl_p, self.nxcl = xcl, <char*>cnp.PyArray_DATA(xcl), xcl.size
+        PyThread_release_lock(self.lock)
+
 
 @cython.auto_pickle(False)     # raw pointers into its scratch; plans were never picklable
 cdef class ForwardRunner(_Locked):
@@ -1274,13 +1289,14 @@ cdef class ForwardRunner(_Locked):
     which a subclass provides (the full checks; it ends in ``run``).  Calls on one runner are
     serialised by its lock (the scratch is shared); the kernel runs without the GIL.
     """
-    cdef object workspace, xcl
-    cdef Py_ssize_t nxcl
+    cdef object workspace
     cdef bint staged
-    cdef char* xcl_p
     cdef Tile* tiles
     # True: a new output must start on a cache line (gs3d._api allocates it: aligned_empty)
     cdef public bint line_out
+    # True: a channels-last problem that takes the channels-last input copy when its input's
+    # channels are strided, the copy's buffer made by gs3d._api on the first such call
+    cdef public bint copy_on_demand
     cdef Py_ssize_t in_shape[5]
     cdef Py_ssize_t grid_shape[5]
     cdef Py_ssize_t out_shape[5]
@@ -1302,11 +1318,10 @@ cdef class ForwardRunner(_Locked):
             raise ValueError("workspace too small")
         self.bind_common(dtype, channels_last, scratch, C, mode, padding, align, half_kind,
                          nthreads)
-        self.workspace, self.xcl = workspace, xcl
+        self.workspace = workspace
+        self.set_xcl(xcl)
         self.staged = self.srow >= C + STAGE
         self.tiles = <Tile*>cnp.PyArray_DATA(workspace)
-        self.xcl_p = <char*>cnp.PyArray_DATA(xcl)
-        self.nxcl = xcl.size
         self.bound = True
 
     cdef int launch(self, cnp.ndarray x, cnp.ndarray q, cnp.ndarray out) except -1:
@@ -1375,7 +1390,9 @@ cdef class ForwardRunner(_Locked):
         and ``out`` is None (and ``line_out`` False) or such an ndarray of the output shape,
         writeable, contiguous and owning its memory, as do ``input`` and ``grid`` (which it is
         not): such arrays need no copy and cannot overlap (the quick test of
-        ``_api._check_out``).  Otherwise ``self._slow_call(input, grid, out)``."""
+        ``_api._check_out``), unless ``copy_on_demand`` holds, the input's channels are strided
+        and the copy's buffer is not there yet.  Otherwise ``self._slow_call(input, grid,
+        out)``."""
         cdef PyObject* dt = <PyObject*>self.dtype
         cdef cnp.ndarray x, q, o
         if not (self.bound and cnp.PyArray_CheckExact(input) and cnp.PyArray_CheckExact(grid)):
@@ -1384,6 +1401,8 @@ cdef class ForwardRunner(_Locked):
         if not (<PyObject*>cnp.PyArray_DESCR(x) == dt and <PyObject*>cnp.PyArray_DESCR(q) == dt
                 and fits(x, self.in_shape, self.isz) and fits(q, self.grid_shape, self.isz)):
             return self._slow_call(input, grid, out)
+        if self.copy_on_demand and self.nxcl == 1 and cnp.PyArray_STRIDES(x)[4] != self.isz:
+            return self._slow_call(input, grid, out)        # the copy's buffer is not there yet
         if out is None:
             if self.line_out:
                 return self._slow_call(input, grid, out)
@@ -2570,10 +2589,8 @@ cdef class BackwardRunner(_Locked):
     dtype, options, output mask and scratch arrays of a validated problem; ``run`` then takes
     ndarrays in the caller's layout and storage type without acquiring typed memoryviews.
     Calls on one runner are serialised by its lock; the kernel runs without the GIL."""
-    cdef object workspace, xcl, dacc, dummy_dx, dummy_dg
+    cdef object workspace, dacc, dummy_dx, dummy_dg
     cdef bint want_dx, want_dg
-    cdef Py_ssize_t nxcl
-    cdef char* xcl_p
     cdef char* dacc_p
     cdef unsigned char* ws
     cdef Py_ssize_t dacc_shape[6]       # (D, H, W, C) of one accumulator, count, step
@@ -2645,16 +2662,6 @@ cdef class BackwardRunner(_Locked):
         self.dacc_p = <char*>cnp.PyArray_DATA(dx_acc)
         self.set_xcl(xcl)
         self.bound = True
-
-    def set_xcl(self, cnp.ndarray xcl):
-        """Replace the channels-last input copy buffer (C-contiguous, of the storage type)."""
-        if not (xcl.flags.c_contiguous and xcl.flags.writeable and xcl.flags.aligned
-                and xcl.size > 0 and xcl.dtype.itemsize == self.isz):
-            raise ValueError("xcl must be aligned, writeable, C-contiguous, non-empty and of "
-                             "the storage type's item size")
-        self.acquire()
-        self.xcl, self.xcl_p, self.nxcl = xcl, <char*>cnp.PyArray_DATA(xcl), xcl.size
-        PyThread_release_lock(self.lock)
 
     cdef int launch(self, cnp.ndarray go, cnp.ndarray x, cnp.ndarray q, cnp.ndarray dx,
                     cnp.ndarray dg, bint split) except -1:

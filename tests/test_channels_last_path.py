@@ -75,7 +75,7 @@ def _check_few_channel_copies(x, q, go, mask, dtype):
     for cfg in CFGS[:3]:
         pb = _api.check_problem(x, q, go, "bilinear", cfg.get("padding_mode", "zeros"),
                                 cfg.get("align_corners", False), "NCDHW")
-        assert _api._channels_last_copies(pb, True) and not _api._channels_last_copies(pb, False)
+        assert _api._copies_pay(pb, True) and not _api._copies_pay(pb, False)
         want = _no_split_channels_last(x, q, go, mask, cfg, 1)
         for nt in (1, 2, 3, 4):
             got = gs3d.grid_sample_3d_backward(go, x, q, output_mask=mask, num_threads=nt, **cfg)
@@ -102,7 +102,7 @@ def test_few_channels_float32_backward(C, n, mask):
     _check_few_channel_copies(x, q, go, mask, "float32")
     pb = _api.check_problem(*(a.astype("float64") for a in (x, q, go)), "bilinear", "zeros",
                             False, "NCDHW")
-    assert not _api._channels_last_copies(pb, True)
+    assert not _api._copies_pay(pb, True)
 
 
 @pytest.mark.parametrize("mask", [(True, True), (False, True), (True, False)])
@@ -116,7 +116,7 @@ def test_few_channels_half_backward(dtype, n, mask):
     _check_few_channel_copies(x, q, go, mask, dtype)
     x5, q5, go5 = make(dtype, 5, n=n, seed=41)
     pb = _api.check_problem(x5, q5, go5, "bilinear", "zeros", False, "NCDHW")
-    assert not _api._channels_last_copies(pb, True)
+    assert not _api._copies_pay(pb, True)
 
 
 def test_few_channels_float32_backward_against_torch():
@@ -344,3 +344,44 @@ def test_forward_eight_channels(cfg, n):
         assert rel_err(f, want) <= TOLERANCE["float32"] and same(f, cl_bits), nt
         if tw is not None:
             assert rel_err(f, tw) <= TOLERANCE["float32"], nt
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,threads", [(1, 1), (1, 2), (2, 2)])
+def test_channels_last_layout_with_strided_channels(dtype, n, threads):
+    """layout="NDHWC" with an input whose channels are strided (``np.moveaxis`` of an NCDHW
+    array): the forward and the grid gradient alone take the channels-last copy as NCDHW does
+    (reading the channel planes in place cost 4-7x), its buffer made by the first such call,
+    through plain calls, plans and the forward plan's fast path; the results are the bits of
+    the contiguous input, and a contiguous input makes no copy."""
+    x, q, go = make(dtype, 8, n=n, seed=50 + n)
+    assert pays(x, q)
+    xc, xv, gol = cl(x), np.moveaxis(x, 1, 4), cl(go)
+    assert xv.strides[4] != xv.itemsize
+    item = xc[0].size
+    # with at least as many items as threads, one copy per thread (float64: twice as many)
+    copies = threads if 1 < threads <= n and threads * x.itemsize <= 4 * n else 1
+    dg_only = dict(layout="NDHWC", output_mask=(False, True), num_threads=threads)
+    for cfg in CFGS:
+        fwd = dict(layout="NDHWC", num_threads=threads, **cfg)
+        f_want = gs3d.grid_sample_3d(xc, q, **fwd)
+        dg_want = gs3d.grid_sample_3d_backward(gol, xc, q, **dg_only, **cfg)[1]
+        fplan = gs3d.plan_forward(xc.shape, q.shape, x.dtype, **fwd)
+        bplan = gs3d.plan_backward(gol.shape, xc.shape, q.shape, x.dtype, **dg_only, **cfg)
+        sizes = fplan.workspace_size, bplan.workspace_size
+        assert same(fplan(xc, q), f_want) and same(bplan(gol, xc, q)[1], dg_want)
+        assert (fplan.workspace_size, bplan.workspace_size) == sizes, "copied a contiguous input"
+        for _ in range(2):
+            assert same(gs3d.grid_sample_3d(xv, q, **fwd), f_want), cfg
+            assert same(gs3d.grid_sample_3d_backward(gol, xv, q, **dg_only, **cfg)[1],
+                        dg_want), cfg
+            assert same(fplan(xv, q), f_want), cfg
+            assert same(bplan(gol, xv, q)[1], dg_want), cfg
+        # the kernels wrote the copy into the new buffers: each item-sized part of them holds
+        # one batch item channels-last (nearest's backward never reads the input: no copy)
+        for plan, used in ((fplan, True), (bplan, cfg.get("mode") != "nearest")):
+            xcl = plan._res.xcl
+            assert (plan.workspace_size > sizes[plan is bplan]) == used, cfg
+            assert xcl.size == (item * copies if used else 1), cfg
+            for part in xcl.reshape(-1, item) if used else ():
+                assert any(same(part, xc[j].ravel()) for j in range(n)), cfg
