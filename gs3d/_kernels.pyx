@@ -2313,8 +2313,9 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
 
     Axes are NDHWC-ordered views whatever the caller's layout.  ``dx_acc`` (D, H, W, C) is the
     accumulator of one batch item: float32 for 16-bit dx, and, for an input whose channel
-    stride is not 1 when channels_last_pays, a contiguous channels-last one of the compute type
-    (otherwise float32/float64 accumulate in dx itself).  ``xcl`` (at least D * H * W * C
+    stride is not 1 when channels_last_pays, a contiguous channels-last one of the compute type,
+    which also takes the sums when the input's channel stride is 1 and dx's is not (otherwise
+    float32/float64 accumulate in dx itself).  ``xcl`` (at least D * H * W * C
     elements, or a dummy) takes the channels-last copy of the input of that path when it cannot
     live in dx[n] (dx[n] not one contiguous block, or dx not wanted); without the buffers the
     kernel reads the input in place (nearest never reads it).  ``scratch`` is (nthreads,
@@ -2379,7 +2380,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef store_t* xT
     cdef int nt
     cdef bint half_acc = not (store_t is double or store_t is float)
-    cdef bint cl, in_dx, store, points_split, slabs_repeat, few
+    cdef bint cl, in_dx, store, points_split, slabs_repeat, few, acc_cl, use_acc
     cdef Py_ssize_t two[3]
     cdef Py_ssize_t* sb
     cdef const Py_ssize_t* ast
@@ -2387,23 +2388,32 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
+    # whether the accumulator is a contiguous (D, H, W, C) array (Acl: those strides)
+    Acl[0], Acl[1], Acl[2], Acl[3] = g.H * g.W * g.C, g.W * g.C, g.C, 1
+    acc_cl = True
+    for z in range(4):
+        acc_cl = acc_cl and dacc_shape[z] == dims[z] and (dims[z] <= 1 or g.as_[z] == Acl[z])
     few = few_channels_rule(sizeof(store_t), g.C, g.mode, g.padding)
     cl = channels_last_geo(g, &gT, Acl, few)
     in_dx = False
     if cl and want_dx:
-        # the accumulator must be a contiguous (D, H, W, C) array
-        cl = dacc_shape[0] == g.D and dacc_shape[1] == g.H and dacc_shape[2] == g.W \
-            and dacc_shape[3] == g.C
-        for z in range(4):
-            cl = cl and (dims[z] <= 1 or g.as_[z] == Acl[z])
+        cl = acc_cl
         # (nearest's backward never reads the input: no copy of it anywhere)
         in_dx = dense_strides(&g.ds[1], dims, 4) and g.mode == MODE_BILINEAR
     if cl and not in_dx and g.mode == MODE_BILINEAR:
         cl = nxcl >= item
     gp = &gT if cl else g
+    # float32/float64 whose input is already channels-last in memory but whose input_grad's
+    # channels are strided (an NCDHW call on a torch channels_last_3d input, say) scatter, as
+    # 16-bit storage does, into the accumulator when it is channels-last, each thread's
+    # planes written into input_grad when done (the same bits: each element's sum in point
+    # order either way); scattering into the channel planes cost up to 9x.  Not where the
+    # points may be split (the accumulator is then the second half's; NDHWC only)
+    use_acc = half_acc or (want_dx and not cl and not split and acc_cl and g.xs[4] == 1
+                           and g.ds[4] != 1)
     # the strides of the input gradient's accumulator: the channels-last one, the float32
     # accumulator of 16-bit storage, or input_grad itself
-    ast = &Acl[0] if cl else (&g.as_[0] if half_acc else &g.ds[1])
+    ast = &Acl[0] if cl else (&g.as_[0] if use_acc else &g.ds[1])
     As[0], As[1], As[2], As[3] = ast[0], ast[1], ast[2], ast[3]
     if store_t is not double and g.C <= BWD_GATHER_MAX_C:
         # the AVX2 gather path: on the input (float32 accumulates in dx itself, strides g.ds;
@@ -2454,17 +2464,17 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
             grid_grad_item(grad, x, q, dgrid, &scratch[threadid() * srow], g, &gT,
                            &tiles[threadid()], &xcl[threadid() * item], n)
     elif (want_dx and not cl and nthreads > 1 and g.N >= nthreads
-            and (not half_acc or dacc_shape[4] >= nthreads)):
+            and (not use_acc or dacc_shape[4] >= nthreads)):
         # enough batch items for every thread: each item is the serial loop on one thread
-        # (its own dx[n], or for 16-bit storage the thread's own accumulator, all depth
-        # planes), so results are those of one thread, and no thread repeats another's tile
+        # (its own dx[n], or with use_acc the thread's own accumulator, all depth planes),
+        # so results are those of one thread, and no thread repeats another's tile
         # set-up (which depth slabs do on random grids)
         for n in prange(g.N, schedule='dynamic', chunksize=1, num_threads=nthreads):
             slab_task(grad, x, q,
-                      dgrid, &dacc[threadid() * dacc_shape[5]] if half_acc
+                      dgrid, &dacc[threadid() * dacc_shape[5]] if use_acc
                       else <acc_t*>&dx[n * g.ds[0]], As,
                       &scratch[threadid() * srow], g, &tiles[threadid()], n, 0, g.D, want_dg,
-                      dx, half_acc, NULL)
+                      dx, use_acc, NULL)
     else:
         for n in range(g.N):
             xin = x
@@ -2483,7 +2493,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                 if cl:
                     A = dacc
                     store = not in_dx          # else after every thread is done reading xT
-                elif half_acc:
+                elif use_acc:
                     A = dacc
                     store = True
                 else:
@@ -2491,7 +2501,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                     store = False
                 nt = nthreads if nthreads < g.D else <int>g.D
                 sb = NULL
-                points_split = (split and not cl and not half_acc
+                points_split = (split and not cl and not use_acc
                                 and dacc_shape[0] * dacc_shape[1] * dacc_shape[2] * dacc_shape[3]
                                 >= item
                                 and dense_strides(&g.ds[1], dims, 4))

@@ -385,3 +385,39 @@ def test_channels_last_layout_with_strided_channels(dtype, n, threads):
             assert xcl.size == (item * copies if used else 1), cfg
             for part in xcl.reshape(-1, item) if used else ():
                 assert any(same(part, xc[j].ravel()) for j in range(n)), cfg
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,threads", [(1, 1), (1, 2), (2, 2), (3, 2)])
+def test_ncdhw_input_channels_last_in_memory(dtype, n, threads):
+    """An NCDHW call whose input is channels-last in memory (a torch channels_last_3d tensor's
+    array) and whose input_grad is not: the scatter goes into the channels-last accumulator
+    (float32/float64 as 16-bit storage; into the channel planes it cost up to 9x), which then
+    holds input_grad channels-last; the bits of the contiguous input, whatever input_grad's
+    memory order, for every padding and nearest; a channels-last float32/float64 input_grad
+    takes the sums itself."""
+    x, q, go = make(dtype, 8, n=n, seed=60 + n)
+    assert pays(x, q)
+    xm = np.moveaxis(cl(x), 4, 1)                  # NCDHW shape, channels-last memory
+    assert xm.strides[1] == xm.itemsize
+    for cfg in CFGS:
+        kw = dict(num_threads=threads, **cfg)
+        want = gs3d.grid_sample_3d_backward(go, x, q, **kw)
+        assert same(gs3d.grid_sample_3d_backward(go, xm, q, **kw)[0], want[0]), cfg
+        plan = gs3d.plan_backward(go.shape, x.shape, q.shape, x.dtype, **kw)
+        acc = plan._res.dx_acc
+        for dx in (np.zeros_like(x), np.moveaxis(np.zeros_like(cl(x)), 4, 1)):
+            acc[...] = np.nan
+            got = plan(go, xm, q, input_grad=dx)
+            assert got[0] is dx and same(dx, want[0]) and same(got[1], want[1]), cfg
+            # the accumulator holds batch items of input_grad channels-last (one per thread
+            # when the threads take whole items; a thread may have taken none), unless
+            # float32/float64 input_grad has its channels contiguous itself
+            if dx.strides[1] == dx.itemsize and x.itemsize >= 4:
+                assert np.isnan(acc).all(), cfg
+                continue
+            held = [[same(part.astype(x.dtype), cl(want[0])[j].ravel()) for j in range(n)]
+                    for part in acc.reshape(-1, x[0].size)]
+            assert any(map(any, held)), cfg
+            assert all(any(h) or np.isnan(part).all()
+                       for h, part in zip(held, acc.reshape(-1, x[0].size))), cfg
