@@ -193,11 +193,15 @@ class _Resources:
 def _copies_pay(pb: Problem, backward: bool) -> bool:
     """True when the kernels run ``pb`` through channels-last copies if its input's channel
     stride is not 1 (always so for NCDHW): many channels, or from four for the float32
-    bilinear backward, any padding (exactly four for float16/bfloat16; their rule,
-    _kernels.channels_last_pays; the buffers are sized here from it)."""
+    bilinear backward, any padding (exactly four for float16/bfloat16), or for the float32
+    bilinear forward of a large batch item (on scattered grids only; their rules,
+    _kernels.channels_last_pays; the buffers are sized here from them)."""
     D, H, W = pb.in_spatial
     itemsize = 2 if pb.kind in _HALF_KIND else 8 if pb.kind == "f8" else 4
-    few = backward and _kernels.few_channels_backward(itemsize, pb.C, pb.mode, pb.padding)
+    if backward:
+        few = _kernels.few_channels_backward(itemsize, pb.C, pb.mode, pb.padding)
+    else:
+        few = _kernels.few_channels_forward(itemsize, pb.C, D, H, W, pb.mode)
     return _kernels.channels_last_pays(pb.C, D, H, W, math.prod(pb.out_spatial), few)
 
 

@@ -165,6 +165,19 @@ cdef enum:
     TRANSPOSE_FEW_MIN_C = 4
     TRANSPOSE_MIN_FILL = 4
 
+# The float32 bilinear forward of 4-7 channels reads the channel planes in place (the gather
+# forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most sampled tiles span
+# more depth planes than ROWS_MAX_PLANES) of a batch item of at least FEW_FWD_MIN_KIB, where
+# it takes the channels-last copy: there each corner's C planes cost C misses (and C pages)
+# where the copy's cost one.  In-process A/B, 2 threads, uniformly random grids: 1x4x128^3
+# 2.3-2.4x faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x, 1x4x112^3 1.7x, 1x6x96^3
+# 1.3x, but 1x4x96^3 (13.5 MiB) 1.1x, 2x4x96^3 1.0x, 1x6x80^3 1.0x, and smaller items lost
+# (1x4x64^3 0.83x, 8x4x32^3 0.9x); without the grid test smooth warps lost (2x4x96^3 0.85x,
+# 2x6x64^3 0.88x).  float16/bfloat16 with four channels lost or gained nothing (0.9-1.0x)
+# but at 2x4x96^3 random (1.16x), so they keep the planes.
+cdef enum:
+    FEW_FWD_MIN_KIB = 16384
+
 
 # The AVX2 gather forward maps eight points at once and gathers each channel of each corner;
 # measured at one thread against the tile loop (float32, smooth and random grids): C = 1-8
@@ -242,9 +255,24 @@ cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
             and (itemsize == 4 or (itemsize == 2 and C == TRANSPOSE_FEW_MIN_C)))
 
 
+cdef inline bint few_channels_fwd_rule(int itemsize, Py_ssize_t C, Py_ssize_t item,
+                                       int mode) noexcept nogil:
+    """The forward whose NCDHW input may take the channels-last copy from TRANSPOSE_FEW_MIN_C
+    channels (on scattered grids: see FEW_FWD_MIN_KIB): float32 storage (``itemsize`` 4),
+    bilinear, fewer than TRANSPOSE_MIN_C channels, ``item`` elements per batch item."""
+    return (itemsize == 4 and mode == MODE_BILINEAR and TRANSPOSE_FEW_MIN_C <= C < TRANSPOSE_MIN_C
+            and item * itemsize >= <Py_ssize_t>FEW_FWD_MIN_KIB * 1024)
+
+
 def few_channels_backward(int itemsize, Py_ssize_t C, int mode, int padding):
     """few_channels_rule, for gs3d._api (``few`` of channels_last_pays)."""
     return bool(few_channels_rule(itemsize, C, mode, padding))
+
+
+def few_channels_forward(int itemsize, Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
+                         int mode):
+    """few_channels_fwd_rule, for gs3d._api (``few`` of channels_last_pays for a forward)."""
+    return bool(few_channels_fwd_rule(itemsize, C, D * H * W * C, mode))
 
 
 def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P,
@@ -1100,6 +1128,21 @@ def forward(const store_t[:, :, :, :, :] inp, const store_t[:, :, :, :, :] grid,
                     xcl.shape[0], &g, nthreads)
 
 
+cdef bint grid_scattered(const store_t* q, Geo* g) noexcept nogil:
+    """True when most of up to 16 tiles spread evenly over batch item 0's points fail
+    tile_coherent (a uniformly random grid fails them all, smooth warps pass); False when the
+    grid's points are not at one step."""
+    cdef Py_ssize_t qp, P = g.Do * g.Ho * g.Wo, ntl = (P + TILE - 1) // TILE, k, p0, m, hits = 0
+    if not flat_points(g.qs, g, &qp):
+        return False
+    m = min(<Py_ssize_t>16, ntl)
+    for k in range(m):
+        p0 = ((k * ntl) // m) * TILE
+        hits += tile_coherent(&q[p0 * qp], qp, g.qs[4], <int>min(<Py_ssize_t>TILE, P - p0),
+                              g.D, g.half_kind)
+    return 2 * hits < m
+
+
 cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* scratch,
                       Py_ssize_t srow, bint staged, Tile* tiles, store_t* xcl, Py_ssize_t nxcl,
                       Geo* g, int nthreads) noexcept nogil:
@@ -1109,6 +1152,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     cdef Geo gT
     cdef Py_ssize_t P, per_n, nchunks, ci, n, z, item
     cdef Py_ssize_t As[4]
+    cdef bint few
     P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
@@ -1117,7 +1161,10 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
         enable_simd_gather(g)
         if store_t is not float:
             half_rows(g)
-    if ((not g.simd_gather or g.C % 8 == 0) and channels_last_geo(g, &gT, As, False)
+    # (see FEW_FWD_MIN_KIB)
+    few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode) and nxcl >= item
+           and grid_scattered(q, g))
+    if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, As, few)
             and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
         # gather forward's point-by-point branch where it applies; for C = 8 too, where the

@@ -421,3 +421,42 @@ def test_ncdhw_input_channels_last_in_memory(dtype, n, threads):
             assert any(map(any, held)), cfg
             assert all(any(h) or np.isnan(part).all()
                        for h, part in zip(held, acc.reshape(-1, x[0].size))), cfg
+
+
+@pytest.mark.parametrize("C", [4, 7])
+def test_few_channels_forward_copies_on_scattered_grids(C):
+    """The float32 NCDHW forward of 4-7 channels takes the channels-last copy for a batch item of
+    at least FEW_FWD_MIN_KIB on a scattered (uniformly random) grid, and reads the channel
+    planes in place on a smooth one: the bits of the NDHWC layout either way, at 1 and 2
+    threads, right against PyTorch; smaller items never take it."""
+    rng = np.random.default_rng(70 + C)
+    D, H, W = 64, 128, 128 if C == 4 else 80         # >= 16 MiB per item either way
+    x = rng.standard_normal((1, C, D, H, W)).astype(np.float32)
+    assert x.nbytes >= 16 << 20
+    lin = np.linspace(-0.9, 0.9, 64)
+    smooth = np.stack(np.meshgrid(lin, lin, lin, indexing="ij")[::-1], axis=-1)[None]
+    grids = {"random": rng.uniform(-1.1, 1.1, (1, 64, 64, 64, 3)),
+             "smooth": smooth + 0.01 * rng.standard_normal(smooth.shape)}
+    rule, bilinear = _api._kernels.few_channels_forward, _api.MODES["bilinear"]
+    assert rule(4, C, D, H, W, bilinear) and not rule(4, C, D, H, W, _api.MODES["nearest"])
+    assert not rule(4, C, D // 2, H, W, bilinear) and not rule(2, C, D, H, W, bilinear)
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    for kind, q in grids.items():
+        q = q.astype(np.float32)
+        want = np.moveaxis(gs3d.grid_sample_3d(cl(x), q, layout="NDHWC", num_threads=1), 4, 1)
+        if torch is not None:
+            tw = torch.nn.functional.grid_sample(torch.from_numpy(x), torch.from_numpy(q),
+                                                 align_corners=False).numpy()
+            assert rel_err(want, tw) <= TOLERANCE["float32"]
+        for nt in (1, 2):
+            plan = gs3d.plan_forward(x.shape, q.shape, np.float32, num_threads=nt)
+            xcl = plan._res.xcl
+            assert xcl.size == x.size
+            xcl[...] = np.nan
+            assert same(plan(x, q), want), (kind, nt)
+            # the copy is in the plan's buffer after a scattered grid only
+            assert same(xcl, cl(x).ravel()) == (kind == "random"), (kind, nt)
+            assert np.isnan(xcl).all() == (kind == "smooth"), (kind, nt)
