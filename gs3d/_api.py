@@ -119,7 +119,8 @@ class _Resources:
     __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
                  "home", "plain_align", "cl", "xcl", "runner", "brunner", "split",
-                 "align_out", "align_dx", "align_dg", "copy_on_demand", "copy_size")
+                 "align_out", "align_dx", "align_dg", "copy_on_demand", "copy_size",
+                 "acc_on_demand")
 
     def __init__(self, pb: Problem, nt: int, want_dx: bool, backward: bool = False):
         acc = _compute_dtype(pb.kind)
@@ -138,11 +139,9 @@ class _Resources:
         self.cl = copies and not pb.channels_last
         # the split of one batch item's points in two halves (see _may_split)
         self.split = backward and want_dx and _may_split(pb)
-        if want_dx and self.cl and 1 < nt and nt * np.dtype(acc).itemsize <= 4 * pb.N:
-            # one channels-last accumulator per thread, each thread running whole batch
-            # items: at most the size of a float32 input_grad (float64: N >= 2 threads)
-            self.dx_acc = aligned_empty((nt, D, H, W, pb.C), acc)
-        elif want_dx and (self.cl or self.split):
+        if want_dx and self.cl:
+            self.dx_acc = aligned_empty(_cl_acc_shape(pb, nt), acc)
+        elif want_dx and self.split:
             self.dx_acc = aligned_empty((D, H, W, pb.C), acc)
         elif want_dx and pb.kind in _HALF_KIND:
             # float32 accumulators in the memory order of input_grad: one per thread when
@@ -164,10 +163,14 @@ class _Resources:
         k = nt if 1 < nt <= pb.N and nt * np.dtype(store).itemsize <= 4 * pb.N else 1
         self.copy_size = D * H * W * pb.C * k
         self.xcl = aligned_empty((self.copy_size if copy_in and self.cl else 1,), store)
-        # a channels-last problem takes the same copy when its input's channels are strided
-        # (an np.moveaxis view of an NCDHW array, say): ``xcl`` is then made by the first call
-        # with such an input (_grow_xcl; reading the channels in place cost 4-7x)
+        # a channels-last problem takes the same copies when its input's channels are strided
+        # (an np.moveaxis view of an NCDHW array, say), made by the first call with such an
+        # input (reading the channel planes in place cost 2-7x): ``xcl`` (_grow_xcl), and for
+        # float32/float64 with the input gradient the accumulator, unless the split's is
+        # there (_grow_acc; 16-bit storage has its own, channels-last)
         self.copy_on_demand = copy_in and pb.channels_last
+        self.acc_on_demand = (want_dx and copies and pb.channels_last and not self.split
+                              and pb.kind not in _HALF_KIND and pb.mode == MODES["bilinear"])
         self.dummy_dx = np.empty((1,) * 5, dtype=store)
         self.dummy_dg = np.empty((1, 1, 1, 1, 3), dtype=store)
         self.home: Optional[list] = None       # the pool list of a _Call, if pooled
@@ -188,6 +191,16 @@ class _Resources:
             pb.N * n * dt.itemsize >= _ALIGN_OUTPUT_BYTES for n in (P * pb.C, L * pb.C, P * 3))
         self.runner: Any = None     # the forward's _kernels.ForwardRunner, bound on first use
         self.brunner: Any = None    # the backward's _kernels.BackwardRunner, likewise
+
+
+def _cl_acc_shape(pb: Problem, nt: int) -> tuple:
+    """The channels-last input-gradient accumulator of the copies' path: one per thread when
+    the threads run whole batch items (at most the size of a float32 input_grad; float64
+    needs N >= 2 threads), else one batch item."""
+    D, H, W = pb.in_spatial
+    if 1 < nt and nt * _compute_dtype(pb.kind).itemsize <= 4 * pb.N:
+        return (nt, D, H, W, pb.C)
+    return (D, H, W, pb.C)
 
 
 def _copies_pay(pb: Problem, backward: bool) -> bool:
@@ -233,14 +246,36 @@ def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple
     res.runner = runner
 
 
-def _grow_xcl(res: _Resources, runner: Any, size: int) -> None:
-    """Give ``res`` and its runner a channels-last input copy buffer of ``size`` elements,
-    once (no longer pooled if that makes the scratch set too big for the pool)."""
-    res.xcl = aligned_empty((size,), res.xcl.dtype)
-    res.nbytes += _buffer_bytes(res.xcl)
+def _grown(res: _Resources, old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """``new``, counted in ``res.nbytes`` in place of ``old`` (and ``res`` no longer pooled if
+    that makes the scratch set too big for the pool)."""
+    res.nbytes += _buffer_bytes(new) - _buffer_bytes(old)
     if res.nbytes > _POOL_MAX_BYTES:
         res.home = None
-    runner.set_xcl(res.xcl)
+    return new
+
+
+_grow_lock = threading.Lock()     # a forward plan may be called from several Python threads
+
+
+def _grow_xcl(res: _Resources, runner: Any, size: int) -> None:
+    """Give ``res`` and its runner a channels-last input copy buffer of ``size`` elements in
+    place of the one-element dummy, once."""
+    with _grow_lock:
+        if res.xcl.size == 1:
+            res.xcl = _grown(res, res.xcl, aligned_empty((size,), res.xcl.dtype))
+            runner.set_xcl(res.xcl)
+
+
+def _grow_acc(res: _Resources, dtype: np.dtype, want_dg: bool) -> Any:
+    """Give ``res`` the channels-last input-gradient accumulator of the copies' path in place
+    of the dummy (see ``acc_on_demand``) and a backward runner bound to it; ``res.cl`` from
+    then on, as for NCDHW (for the input copy's buffer, see _backward)."""
+    res.acc_on_demand = False
+    res.dx_acc = _grown(res, res.dx_acc, aligned_empty(_cl_acc_shape(res.pb, res.nt),
+                                                       res.dx_acc.dtype))
+    res.cl = True
+    return _bind_backward_runner(res, dtype, True, want_dg)
 
 
 def _bind_backward_runner(res: _Resources, dtype: np.dtype, want_dx: bool,
@@ -635,6 +670,8 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     runner = res.brunner
     if runner is None:
         runner = _bind_backward_runner(res, x.dtype, want_dx, want_dg)
+    if res.acc_on_demand and x.strides[4] != x.itemsize:
+        runner = _grow_acc(res, x.dtype, want_dg)
     if res.xcl.size == 1:
         if (res.cl and dx_k is not None and res.mode == MODES["bilinear"]
                 and not _items_dense(dx_k)):

@@ -371,20 +371,46 @@ def test_channels_last_layout_with_strided_channels(dtype, n, threads):
         sizes = fplan.workspace_size, bplan.workspace_size
         assert same(fplan(xc, q), f_want) and same(bplan(gol, xc, q)[1], dg_want)
         assert (fplan.workspace_size, bplan.workspace_size) == sizes, "copied a contiguous input"
+        # with the input gradient too (read in place, or copied into input_grad and summed
+        # in a channels-last accumulator): the bits of the depth slabs, as a contiguous input
+        # gives them into a strided input_grad (never the split of the points)
+        got = gs3d.grid_sample_3d_backward(gol, xv, q, **fwd)
+        for a, b in zip((np.moveaxis(got[0], 4, 1), got[1]),
+                        _no_split_channels_last(x, q, go, (True, True), cfg, threads)):
+            assert same(a, b), cfg
+        # float32/float64 make the accumulator on the first such call, unless they have the
+        # split's (N = 1); 16-bit storage has its own; nearest reads no input
+        full = gs3d.plan_backward(gol.shape, xc.shape, q.shape, x.dtype, **fwd)
+        size = full.workspace_size
+        for a, b in zip(full(gol, xv, q), got):
+            assert same(a, b), cfg
+        bilinear32 = x.itemsize >= 4 and cfg.get("mode") != "nearest"
+        grows = bilinear32 and n > 1
+        assert (full.workspace_size > size) == grows, cfg
+        has_acc = bilinear32 or x.itemsize < 4
+        assert full._res.dx_acc.shape[-4:] == (xc.shape[1:] if has_acc else (1, 1, 1, 1)), cfg
         for _ in range(2):
             assert same(gs3d.grid_sample_3d(xv, q, **fwd), f_want), cfg
             assert same(gs3d.grid_sample_3d_backward(gol, xv, q, **dg_only, **cfg)[1],
                         dg_want), cfg
             assert same(fplan(xv, q), f_want), cfg
             assert same(bplan(gol, xv, q)[1], dg_want), cfg
-        # the kernels wrote the copy into the new buffers: each item-sized part of them holds
-        # one batch item channels-last (nearest's backward never reads the input: no copy)
+        # the kernels write the copy into the new buffers: each item-sized part of them then
+        # holds one batch item channels-last (one part per thread when the threads take whole
+        # items; a thread may have taken none); nearest's backward never reads the input
         for plan, used in ((fplan, True), (bplan, cfg.get("mode") != "nearest")):
             xcl = plan._res.xcl
             assert (plan.workspace_size > sizes[plan is bplan]) == used, cfg
             assert xcl.size == (item * copies if used else 1), cfg
-            for part in xcl.reshape(-1, item) if used else ():
-                assert any(same(part, xc[j].ravel()) for j in range(n)), cfg
+            if not used:
+                continue
+            xcl.view(np.uint8)[...] = 0xFF          # all ones: a NaN in every format
+            assert same(fplan(xv, q) if plan is fplan else bplan(gol, xv, q)[1],
+                        f_want if plan is fplan else dg_want), cfg
+            held = [any(same(part, xc[j].ravel()) for j in range(n))
+                    for part in xcl.reshape(-1, item)]
+            assert any(held) and all(h or (part.view(np.uint8) == 0xFF).all()
+                                     for h, part in zip(held, xcl.reshape(-1, item))), cfg
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -428,7 +454,9 @@ def test_few_channels_forward_copies_on_scattered_grids(C):
     """The float32 NCDHW forward of 4-7 channels takes the channels-last copy for a batch item of
     at least FEW_FWD_MIN_KIB on a scattered (uniformly random) grid, and reads the channel
     planes in place on a smooth one: the bits of the NDHWC layout either way, at 1 and 2
-    threads, right against PyTorch; smaller items never take it."""
+    threads, right against the reference (and PyTorch, whose own float32 error on these
+    volumes comes near the spec's 1e-5: checked at twice that); smaller items never take
+    it."""
     rng = np.random.default_rng(70 + C)
     D, H, W = 64, 128, 128 if C == 4 else 80         # >= 16 MiB per item either way
     x = rng.standard_normal((1, C, D, H, W)).astype(np.float32)
@@ -447,10 +475,12 @@ def test_few_channels_forward_copies_on_scattered_grids(C):
     for kind, q in grids.items():
         q = q.astype(np.float32)
         want = np.moveaxis(gs3d.grid_sample_3d(cl(x), q, layout="NDHWC", num_threads=1), 4, 1)
+        exact = ref.grid_sample_3d(x.astype(np.float64), q.astype(np.float64))
+        assert rel_err(want, exact) <= TOLERANCE["float32"]
         if torch is not None:
             tw = torch.nn.functional.grid_sample(torch.from_numpy(x), torch.from_numpy(q),
                                                  align_corners=False).numpy()
-            assert rel_err(want, tw) <= TOLERANCE["float32"]
+            assert rel_err(want, tw) <= 2 * TOLERANCE["float32"]
         for nt in (1, 2):
             plan = gs3d.plan_forward(x.shape, q.shape, np.float32, num_threads=nt)
             xcl = plan._res.xcl
