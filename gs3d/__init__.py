@@ -7,6 +7,7 @@ from ._validation import GridSamplerError
 from ._api import (
     BackwardPlan,
     ForwardPlan,
+    clear_cache,
     deterministic,
     get_deterministic,
     grid_sample_3d,
@@ -24,6 +25,7 @@ __all__ = [
     "BackwardPlan",
     "ForwardPlan",
     "GridSamplerError",
+    "clear_cache",
     "deterministic",
     "get_deterministic",
     "grid_sample_3d",

@@ -74,13 +74,13 @@ def run_with(module, fn):
     its scratch sets hold runners of the module that made them)."""
     from gs3d import _api
     saved = _api._kernels
-    _api.clear_call_cache()
+    _api.clear_cache()
     _api._kernels = module
     try:
         return fn()
     finally:
         _api._kernels = saved
-        _api.clear_call_cache()
+        _api.clear_cache()
 
 
 @pytest.fixture(autouse=True)
@@ -92,9 +92,9 @@ def _requested_threads_on_small_shapes(monkeypatch):
     the same value themselves)."""
     from gs3d import _api
     monkeypatch.setattr(_api, "_WORK_PER_THREAD", 1)
-    _api.clear_call_cache()
+    _api.clear_cache()
     yield
-    _api.clear_call_cache()
+    _api.clear_cache()
 
 
 def check_by_finite_differences(loss, x, grid, dx, dg, rng):

@@ -12,9 +12,9 @@ from conftest import np_dtype
 
 @pytest.fixture(autouse=True)
 def _fresh_cache():
-    _api.clear_call_cache()
+    _api.clear_cache()
     yield
-    _api.clear_call_cache()
+    _api.clear_cache()
 
 
 def _case(rng, dtype="float32", layout="NCDHW", C=3):
@@ -118,14 +118,14 @@ def test_cache_and_pools_are_bounded():
         q = rng.uniform(-1, 1, (1, 1, 1, 2, 3)).astype(np.float32)
         gs3d.grid_sample_3d(x, q)
         assert len(_api._calls) <= _api._CALLS_MAX
-    # a big problem's scratch is not kept
+    # a big problem's scratch is not pooled with its signature but kept in the shared slots
     x = np.zeros((1, 1, 4, 4, 4), np.float16)
     q = np.zeros((1, 64, 64, 8, 3), np.float16)
     g = np.zeros((1, 1, 64, 64, 8), np.float16)
     gs3d.grid_sample_3d_backward(g, x, q, num_threads=4)
     call = next(c for c in _api._calls.values() if c.pb.kind == "f2")
     assert _api._Resources(call.pb, 4, True).nbytes > _api._POOL_MAX_BYTES
-    assert call.pool[1] == []
+    assert call.pool[1] == [] and _api._big[-1].key[0] == call.pb
     # at most _POOL_DEPTH idle scratch sets per signature, however many threads called it
     g, x, q = _case(rng)
     results, barrier = [], threading.Barrier(6)
@@ -259,7 +259,7 @@ def test_alternating_signatures_give_their_own_results():
         dx, dq = gs3d.grid_sample_3d_backward(g, x, q)
         assert _bits(dx) == _bits(wdx) and _bits(dq) == _bits(wdq)
         if r == 4:
-            _api.clear_call_cache()
+            _api.clear_cache()
 
 
 def _message(fn):
@@ -307,7 +307,7 @@ def test_plans_reject_bad_buffers_like_the_functions(layout):
             plain = lambda: gs3d.grid_sample_3d_backward(go, x, q, layout=layout, **bufs)  # noqa: E731,E501
             planned = lambda: bplan(go, x, q, **bufs)  # noqa: E731
         snap = te.snapshot(list(bufs.values()) + [x, q, go, dx])
-        _api.clear_call_cache()
+        _api.clear_cache()
         want = _message(plain)
         gs3d.grid_sample_3d(x, q, layout=layout)          # warm the cache: same errors
         gs3d.grid_sample_3d_backward(go, x, q, layout=layout)
@@ -338,3 +338,40 @@ def test_quick_output_checks_accept_what_check_output_accepts():
         # inputs that are views (not owners) go through np.may_share_memory
         xs = np.stack([x, x])[0]
         assert _bits(gs3d.grid_sample_3d(xs, q, out=out)) == _bits(want_out)
+
+
+def test_big_scratch_is_reused_and_bounded(monkeypatch):
+    """Scratch sets too big for a signature's pool are kept in a few shared slots: the next
+    plain call of the same problem, thread count and mask takes the same set (and gives the
+    same bits); the slots hold at most _BIG_SLOTS sets and _BIG_MAX_BYTES, the oldest dropped
+    first; a set over _BIG_SET_MAX_BYTES is not kept; clear_cache frees them all."""
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((2, 12, 16, 16, 16)).astype(np.float32)   # the channels-last copies
+    g = rng.standard_normal((2, 12, 12, 12, 12)).astype(np.float32)
+    q = rng.uniform(-1.1, 1.1, (2, 12, 12, 12, 3)).astype(np.float32)
+    first = gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)
+    assert len(_api._big) == 1
+    kept = _api._big[0]
+    assert kept.nbytes > _api._POOL_MAX_BYTES and kept.dx_acc.size > 1
+    for _ in range(2):
+        again = gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)
+        assert _api._big == [kept]
+        assert all(_bits(a) == _bits(b) for a, b in zip(again, first))
+    # another mask or thread count is another set
+    gs3d.grid_sample_3d_backward(g, x, q, num_threads=1)
+    gs3d.grid_sample_3d_backward(g, x, q, num_threads=2, output_mask=(True, False))
+    assert len(_api._big) == 3 and _api._big[0] is kept
+    # at most _BIG_SLOTS sets, the oldest dropped first
+    for W in range(8, 8 + _api._BIG_SLOTS):
+        xw = np.zeros(x.shape[:4] + (W,), np.float32)
+        gs3d.grid_sample_3d_backward(g, xw, q, num_threads=2)
+    assert len(_api._big) == _api._BIG_SLOTS and kept not in _api._big
+    # and at most _BIG_MAX_BYTES in all
+    monkeypatch.setattr(_api, "_BIG_MAX_BYTES", 2 * kept.nbytes)
+    gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)
+    assert sum(r.nbytes for r in _api._big) <= 2 * kept.nbytes and _api._big[-1].key == kept.key
+    monkeypatch.setattr(_api, "_BIG_SET_MAX_BYTES", kept.nbytes - 1)
+    gs3d.clear_cache()
+    assert _api._big == [] and _api._calls == {}
+    gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)
+    assert _api._big == []

@@ -22,4 +22,4 @@ def _warm_signature_cache(monkeypatch):
 
     monkeypatch.setattr(test_errors, "run", warm_run)
     yield
-    gs3d._api.clear_call_cache()
+    gs3d._api.clear_cache()
