@@ -43,7 +43,7 @@ from ._validation import (
 __all__ = [
     "grid_sample_3d", "grid_sample_3d_backward", "plan_forward", "plan_backward",
     "ForwardPlan", "BackwardPlan", "set_deterministic", "get_deterministic", "deterministic",
-    "show_config", "GridSamplerError",
+    "show_config", "clear_cache", "GridSamplerError",
 ]
 
 # Below this many point-channels per thread, extra threads cost more than they bring.  Results
@@ -113,8 +113,9 @@ def _compute_dtype(kind: str) -> np.dtype:
 
 
 class _Resources:
-    """Everything a kernel call needs besides its arrays (owned by a plan, or pooled per call
-    signature for plain calls; see ``_Call``).  Used by one call at a time."""
+    """Everything a kernel call needs besides its arrays (owned by a plan; for plain calls,
+    pooled per call signature, or when bigger kept in the shared slots ``_big``; see
+    ``_Call``).  Used by one call at a time."""
 
     __slots__ = ("pb", "nt", "half_kind", "scratch", "workspace", "dx_acc", "dummy_dx",
                  "dummy_dg", "nbytes", "mode", "padding", "align", "out_empty", "in_empty",
@@ -248,8 +249,9 @@ def _bind_runner(runner: Any, res: _Resources, dtype: np.dtype, out_shape: tuple
 
 
 def _grown(res: _Resources, old: np.ndarray, new: np.ndarray) -> np.ndarray:
-    """``new``, counted in ``res.nbytes`` in place of ``old`` (and ``res`` kept in the big
-    scratch slots instead of its signature's pool if that makes it too big for the pool)."""
+    """``new``, counted in ``res.nbytes`` in place of ``old`` (and ``res`` taken out of its
+    signature's pool if that makes it too big for the pool: a plain call's set then goes to
+    the shared slots ``_big`` when small enough, see _release)."""
     res.nbytes += _buffer_bytes(new) - _buffer_bytes(old)
     if res.nbytes > _POOL_MAX_BYTES:
         res.home = None
@@ -261,11 +263,14 @@ _grow_lock = threading.Lock()     # a forward plan may be called from several Py
 
 def _grow_xcl(res: _Resources, runner: Any, size: int) -> None:
     """Give ``res`` and its runner a channels-last input copy buffer of ``size`` elements in
-    place of the one-element dummy, once."""
+    place of the one-element dummy, once.  The lock covers the swap only: ``set_xcl`` waits
+    for a kernel running on the runner (a call racing this one meanwhile runs on the dummy,
+    reading the input in place: slower, the same bits)."""
     with _grow_lock:
-        if res.xcl.size == 1:
-            res.xcl = _grown(res, res.xcl, aligned_empty((size,), res.xcl.dtype))
-            runner.set_xcl(res.xcl)
+        if res.xcl.size != 1:
+            return
+        res.xcl = _grown(res, res.xcl, aligned_empty((size,), res.xcl.dtype))
+    runner.set_xcl(res.xcl)
 
 
 def _grow_acc(res: _Resources, dtype: np.dtype, want_dg: bool) -> Any:
@@ -301,9 +306,10 @@ _forked_child = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_child, _calls_lock
+    global _forked_child, _calls_lock, _grow_lock
     _forked_child = True
-    _calls_lock = threading.Lock()      # another parent thread may have held it at the fork
+    _calls_lock = threading.Lock()      # another parent thread may have held them at the fork
+    _grow_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -701,14 +707,16 @@ def _backward(res: _Resources, g, x, q, want_dx, want_dg, input_grad, grid_grad)
     runner = res.brunner
     if runner is None:
         runner = _bind_backward_runner(res, x.dtype, want_dx, want_dg)
-    if res.acc_on_demand and x.strides[4] != x.itemsize:
+    # (the kernels copy an input channels-last only when its channel stride is not 1)
+    strided = x.strides[4 if res.pb.channels_last else 1] != x.itemsize
+    if res.acc_on_demand and strided:
         runner = _grow_acc(res, x.dtype, want_dg)
-    if res.xcl.size == 1:
+    if res.xcl.size == 1 and strided:
         if (res.cl and dx_k is not None and res.mode == MODES["bilinear"]
                 and not _items_dense(dx_k)):
             # the channels-last input copy cannot live in this input_grad: a buffer for it
             _grow_xcl(res, runner, math.prod(res.dx_acc.shape[-4:]))
-        elif res.copy_on_demand and x.strides[4] != x.itemsize:
+        elif res.copy_on_demand:
             _grow_xcl(res, runner, res.copy_size)
     # the runner takes the arrays in the caller's layout and storage type (no views to make)
     runner.run(g, x, q, dx_k, dg_k, res.split)

@@ -387,6 +387,11 @@ def test_channels_last_layout_with_strided_channels(dtype, n, threads):
         bilinear32 = x.itemsize >= 4 and cfg.get("mode") != "nearest"
         grows = bilinear32 and n > 1
         assert (full.workspace_size > size) == grows, cfg
+        # and then a contiguous input needs no input copy, even into a strided input_grad
+        size = full.workspace_size
+        buf = np.zeros(xc.shape[:4] + (2 * xc.shape[4],), x.dtype)[..., ::2]
+        full(gol, xc, q, input_grad=buf)
+        assert full.workspace_size == size and full._res.xcl.size == 1, cfg
         has_acc = bilinear32 or x.itemsize < 4
         assert full._res.dx_acc.shape[-4:] == (xc.shape[1:] if has_acc else (1, 1, 1, 1)), cfg
         for _ in range(2):
