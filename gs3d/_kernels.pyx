@@ -437,18 +437,18 @@ cdef void half_rows(Geo* g) noexcept nogil:
 # channels-last copies (NCDHW with many channels, see TRANSPOSE_MIN_C)
 # ---------------------------------------------------------------------------------------------
 
-cdef bint channels_last_geo(Geo* g, Geo* gT, Py_ssize_t* As, bint few) noexcept nogil:
+cdef bint channels_last_geo(Geo* g, Geo* gT, bint few) noexcept nogil:
     """When the input's channel stride is not 1 and channels_last_rule holds (``few`` as
     there): fill ``gT`` (``g`` with the input strides of a contiguous (D, H, W, C) copy of one
-    batch item) and ``As`` (the strides of a channels-last accumulator) and return True."""
+    batch item) and return True."""
     if g.xs[4] == 1 or not channels_last_rule(g.C, g.D, g.H, g.W, g.Do * g.Ho * g.Wo, few):
         return False
     gT[0] = g[0]
     gT.xs[0] = 0
-    gT.xs[1] = As[0] = g.H * g.W * g.C
-    gT.xs[2] = As[1] = g.W * g.C
-    gT.xs[3] = As[2] = g.C
-    gT.xs[4] = As[3] = 1
+    gT.xs[1] = g.H * g.W * g.C
+    gT.xs[2] = g.W * g.C
+    gT.xs[3] = g.C
+    gT.xs[4] = 1
     gT.xlast = g.D * g.H * g.W * g.C - 1
     return True
 
@@ -1151,7 +1151,6 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     C + STAGE values; ``tiles`` one per thread; ``xcl`` of ``nxcl`` elements."""
     cdef Geo gT
     cdef Py_ssize_t P, per_n, nchunks, ci, n, z, item
-    cdef Py_ssize_t As[4]
     cdef bint few
     P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
@@ -1164,7 +1163,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     # (see FEW_FWD_MIN_KIB)
     few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode) and nxcl >= item
            and grid_scattered(q, g))
-    if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, As, few)
+    if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
             and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
         # gather forward's point-by-point branch where it applies; for C = 8 too, where the
@@ -2435,13 +2434,14 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
-    # whether the accumulator is a contiguous (D, H, W, C) array (Acl: those strides)
+    # the strides of a contiguous (D, H, W, C) batch item (Acl; the channels-last
+    # accumulator's), and whether the accumulator is one
     Acl[0], Acl[1], Acl[2], Acl[3] = g.H * g.W * g.C, g.W * g.C, g.C, 1
     acc_cl = True
     for z in range(4):
         acc_cl = acc_cl and dacc_shape[z] == dims[z] and (dims[z] <= 1 or g.as_[z] == Acl[z])
     few = few_channels_rule(sizeof(store_t), g.C, g.mode, g.padding)
-    cl = channels_last_geo(g, &gT, Acl, few)
+    cl = channels_last_geo(g, &gT, few)
     in_dx = False
     if cl and want_dx:
         cl = acc_cl
