@@ -351,6 +351,9 @@ cdef extern from *:
         const float* x; float* A; const float* q; const float* go; float* dq;
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi;
         int align, border, do_dx, do_dg, own_all;
+        /* prefetch every channel plane's corner rows (else the first's) and grad_output
+           ahead (gs3d_prefetch_go): items beyond the caches (the caller's prefetch_bwd) */
+        int prefetch;
         /* 16-bit storage (xk 1 float16, 2 bfloat16; 0: float32): input, grid, grad_output
            and grid_grad at xh, qh, goh, dqh instead of x, q, go, dq (the accumulator A stays
            float32); xlast: the offset from xh of the input's highest-addressed element */
@@ -778,6 +781,14 @@ cdef extern from *:
                 gs3d_prefetch(c0 + 4 * (sy + sz));
             }
         }
+    }
+    /* gs3d_prefetch_corner_rows8 for each of the C channel planes (element step xc) */
+    static inline void gs3d_prefetch_corner_rows8c(const float* v, __m256i off, unsigned lanes,
+                                                   Py_ssize_t sy, Py_ssize_t sz, Py_ssize_t xc,
+                                                   Py_ssize_t C) {
+        Py_ssize_t c;
+        for (c = 0; c < C; c++)
+            gs3d_prefetch_corner_rows8(v + c * xc, off, lanes, sy, sz);
     }
     /* prefetch_span: every cache line of [p, p + n), n > 0 */
     GS3D_ALWAYS_INLINE void gs3d_cl_span(const char* p, Py_ssize_t n) {
@@ -1271,6 +1282,22 @@ cdef extern from *:
         __m256 w[6], mult[3];
         int ownb, slabb;    /* lanes with grid-gradient / input-gradient work for this call */
     } gs3d_bblock8;
+    /* grad_output of the 64 points GS3D_GO_AHEAD points after point p0 (isz-byte elements,
+       points at step gp, channels at step gc): the next tiles' when points run on, as the
+       gather loop's tiles of 64 do; hints only, past the array's end they do nothing.  With
+       the channels at step 1 and several points in one run (NDHWC) one span, else C spans of
+       64 points at step 1 (NCDHW); other strides none. */
+    enum { GS3D_GO_AHEAD = 128 };
+    static inline void gs3d_prefetch_go(const char* go, Py_ssize_t isz, Py_ssize_t p0,
+                                        Py_ssize_t gp, Py_ssize_t gc, Py_ssize_t C) {
+        Py_ssize_t c;
+        if (gp == 1) {
+            for (c = 0; c < C; c++)
+                gs3d_cl_span(go + isz * (p0 + GS3D_GO_AHEAD + c * gc), 64 * isz);
+        } else if (gc == 1 && gp == C) {
+            gs3d_cl_span(go + isz * (p0 + GS3D_GO_AHEAD) * gp, 64 * isz * gp);
+        }
+    }
     GS3D_ALWAYS_INLINE void gs3d_backward_gather_body(const gs3d_bwd_args* a, Py_ssize_t cnt,
                                                       const Py_ssize_t C, const int h) {
         /* h: 16-bit storage, of kind xk (else float32, xk 0) */
@@ -1289,6 +1316,9 @@ cdef extern from *:
         int l, j, k, b, nb;
         for (p0 = 0; p0 < cnt; p0 += 64) {
             nb = (int)((cnt - p0 < 64 ? cnt - p0 : 64) + 7) / 8;
+            if (a->prefetch)
+                gs3d_prefetch_go(h ? (const char*)a->goh : (const char*)a->go, h ? 2 : 4, p0,
+                                 a->gp, a->gc, C);
             for (b = 0; b < nb; b++) {
                 gs3d_bblock8* B = &blk[b];
                 __m256i vld;
@@ -1314,7 +1344,8 @@ cdef extern from *:
                 B->ownb = ownb & ((1 << k) - 1);
                 B->slabb = slabb & ((1 << k) - 1);
                 if (!h)         /* (the hints count float32 offsets) */
-                    gs3d_prefetch_corner_rows8(a->x, B->base, (unsigned)B->ownb, sy, sz);
+                    gs3d_prefetch_corner_rows8c(a->x, B->base, (unsigned)B->ownb, sy, sz,
+                                                a->xc, a->prefetch ? C : 1);
                 gs3d_prefetch_corner_rows8(a->A, B->abase, (unsigned)B->slabb, ay, az);
             }
             for (b = 0; b < nb; b++) {
@@ -2064,7 +2095,7 @@ cdef extern from *:
         const float* go
         float* dq
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
-        int align, border, do_dx, do_dg, own_all
+        int align, border, do_dx, do_dg, own_all, prefetch
         const uint16_t* xh
         const uint16_t* qh
         const uint16_t* goh

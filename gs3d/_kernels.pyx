@@ -1747,6 +1747,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.zlo, ba.zhi = zlo, zhi
             ba.align, ba.border = g.align, g.padding
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
+            ba.prefetch = g.prefetch_bwd
             gs3d_backward_gather_avx2(&ba, cnt)
             return
     if (store_t is not double and acc_t is float and g.rows
