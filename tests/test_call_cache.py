@@ -375,3 +375,101 @@ def test_big_scratch_is_reused_and_bounded(monkeypatch):
     assert _api._big == [] and _api._calls == {}
     gs3d.grid_sample_3d_backward(g, x, q, num_threads=2)
     assert _api._big == []
+
+
+def test_big_outputs_reuse_memory_their_callers_dropped(monkeypatch):
+    """A new output of at least _RECYCLE_MIN_BYTES takes an idle buffer an earlier output left
+    when nothing referred to it any more (a view keeps it), with the bits of an output the
+    caller gives whatever the buffer held; idle buffers are bounded and clear_cache frees them;
+    a buffer whose lease dies while the idle list is locked is freed, not waited for."""
+    monkeypatch.setattr(_api, "_RECYCLE_MIN_BYTES", 1 << 18)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((1, 16, 24, 24, 24)).astype(np.float32)
+    q = rng.uniform(-1.1, 1.1, (1, 24, 24, 24, 3)).astype(np.float32)
+    g = rng.standard_normal((1, 16, 24, 24, 24)).astype(np.float32)
+    want = gs3d.grid_sample_3d(x, q, out=np.empty_like(x))
+    want_dx, want_dg = gs3d.grid_sample_3d_backward(g, x, q, input_grad=np.empty_like(x),
+                                                    grid_grad=np.empty_like(q))
+    out = gs3d.grid_sample_3d(x, q)
+    assert _bits(out) == _bits(want) and out.ctypes.data % 64 == 0
+    assert out.flags.c_contiguous and out.flags.writeable and _api._idle_out == []
+    view = out[0, 3]
+    seen = view.copy()
+    del out
+    assert _api._idle_out == []                 # the view still holds the buffer
+    other = gs3d.grid_sample_3d(2 * x, q)
+    assert not np.shares_memory(other, view) and np.array_equal(view, seen)
+    del view
+    assert len(_api._idle_out) == 1
+    buf = _api._idle_out[0]
+    buf[...] = 0xFF                             # NaN everywhere
+    again = gs3d.grid_sample_3d(x, q)
+    assert _api._idle_out == [] and np.shares_memory(again, buf) and _bits(again) == _bits(want)
+    del again, other
+    assert len(_api._idle_out) == 2
+    for b in _api._idle_out:
+        b[...] = 0xFF
+    dx, dg = gs3d.grid_sample_3d_backward(g, x, q)
+    assert _bits(dx) == _bits(want_dx) and _bits(dg) == _bits(want_dg)
+    assert len(_api._idle_out) == 1 and not np.shares_memory(dx, _api._idle_out[0])
+    # 16-bit outputs through the byte view keep their dtype
+    xh, qh = x.astype(np.float16), q.astype(np.float16)
+    h = gs3d.grid_sample_3d(xh, qh)
+    assert h.dtype == np.float16 and h.ctypes.data % 64 == 0
+    assert _bits(h) == _bits(gs3d.grid_sample_3d(xh, qh, out=np.empty_like(xh)))
+    del h, dx, dg
+    # bounded: at most _RECYCLE_SLOTS buffers and _RECYCLE_MAX_BYTES, the newest kept; a
+    # request takes a buffer of its own size only
+    gs3d.clear_cache()
+    assert _api._idle_out == []
+    monkeypatch.setattr(_api, "_RECYCLE_SLOTS", 2)
+    u8 = np.dtype(np.uint8)
+    a, b, c = (_api._recycled_empty((n,), u8, n) for n in (1 << 20, 3 << 20, 5 << 20))
+    del a, b, c
+    line = _api.LINE
+    assert [b.nbytes for b in _api._idle_out] == [(3 << 20) + line, (5 << 20) + line]
+    monkeypatch.setattr(_api, "_RECYCLE_MAX_BYTES", 5 << 20)
+    a = _api._recycled_empty((1 << 20,), u8, 1 << 20)
+    assert not any(np.shares_memory(a, b) for b in _api._idle_out)
+    del a
+    assert [b.nbytes for b in _api._idle_out] == [(1 << 20) + line]
+    # a lease that dies while the idle list is locked: freed, nothing waits
+    gs3d.clear_cache()
+    out = gs3d.grid_sample_3d(x, q)
+    with _api._idle_lock:
+        del out
+    assert _api._idle_out == []
+
+
+def test_recycled_outputs_are_never_shared_between_threads(monkeypatch):
+    """Several Python threads making big outputs while they drop others: every output has the
+    reference bits and no two live outputs share memory."""
+    monkeypatch.setattr(_api, "_RECYCLE_MIN_BYTES", 1 << 18)
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 16, 24, 24, 24)).astype(np.float32)
+    q = rng.uniform(-1.1, 1.1, (1, 24, 24, 24, 3)).astype(np.float32)
+    want = _bits(gs3d.grid_sample_3d(x, q, out=np.empty_like(x)))
+    live, errors, lock = [], [], threading.Lock()
+
+    def work():
+        kept = []
+        for _ in range(12):
+            out = gs3d.grid_sample_3d(x, q, num_threads=1)
+            with lock:
+                if any(np.shares_memory(out, o) for o in live):
+                    errors.append("shared")
+                live.append(out)
+            if _bits(out) != want:
+                errors.append("bits")
+            kept.append(out)
+            if len(kept) > 2:
+                old = kept.pop(0)
+                with lock:
+                    del live[next(i for i, o in enumerate(live) if o is old)]
+                del old
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(live) == 8

@@ -322,6 +322,37 @@ def test_fork_child_threaded_after_threaded_parent(child_threads):
     assert _fork_child_status(2, child_threads) == 0
 
 
+FORK_LOCKS_SCRIPT = textwrap.dedent("""
+    import os, signal
+    import numpy as np
+    import gs3d
+    from gs3d import _api
+    x = np.ones((1, 8, 64, 64, 64), np.float32)     # an 8 MiB output: recycled memory
+    grid = np.zeros((1, 64, 64, 64, 3), np.float32)
+    gs3d.grid_sample_3d(x, grid)                    # leaves an idle buffer behind
+    _api._idle_lock.acquire()       # as other threads of the parent may hold them at the fork
+    _api._calls_lock.acquire()
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(5)             # a hung child is killed by SIGALRM
+        out = gs3d.grid_sample_3d(x, grid)
+        os._exit(0 if np.all(out == 1) else 1)
+    _, status = os.waitpid(pid, 0)
+    print(os.waitstatus_to_exitcode(status))
+""")
+
+
+@needs_fork
+def test_fork_child_with_the_parents_cache_locks_held():
+    """A child forked while a parent thread held the locks of the call cache and of the idle
+    output buffers gets new ones, so its calls do not wait for a thread that is not there."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", FORK_LOCKS_SCRIPT], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert int(proc.stdout.strip().splitlines()[-1]) == 0
+
+
 SPAWN_SCRIPT = textwrap.dedent("""
     import multiprocessing as mp
     import numpy as np
