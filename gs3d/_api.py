@@ -306,11 +306,10 @@ _forked_child = False
 
 
 def _after_fork_in_child() -> None:
-    global _forked_child, _calls_lock, _grow_lock, _idle_lock
+    global _forked_child, _calls_lock, _grow_lock
     _forked_child = True
-    _calls_lock = threading.Lock()      # another parent thread may have held them at the fork
+    _calls_lock = threading.RLock()     # another parent thread may have held them at the fork
     _grow_lock = threading.Lock()
-    _idle_lock = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -350,7 +349,10 @@ _BIG_MAX_BYTES = 128 << 20      # idle in all
 _BIG_SET_MAX_BYTES = 128 << 20  # larger sets are allocated per call
 _big: list = []                 # idle big _Resources, oldest first; under _calls_lock
 _calls: dict = {}
-_calls_lock = threading.Lock()
+# Reentrant: a garbage collection inside a section under the lock may run a finalizer that
+# calls gs3d (clear_cache, say) on the same thread, which must not wait for itself; the
+# sections therefore survive the lists being emptied under them.
+_calls_lock = threading.RLock()
 _PLAIN = (str, int, bool, type(None))   # option types a signature may hold (1 != True here)
 # The last signature of each direction, matched by the identity of its option objects (plain
 # immutable values, so identity implies the same type and value) before any hashing: repeated
@@ -396,8 +398,12 @@ class _Call:
             with _calls_lock:
                 for i, res in enumerate(_big):
                     if res.key == key:
-                        del _big[i]
-                        return res
+                        try:
+                            if _big.pop(i) is res:
+                                return res
+                        except IndexError:      # emptied meanwhile (see _calls_lock)
+                            pass
+                        break
         res = _Resources(self.pb, nt, self.want_dx, self.want_dx or self.want_dg)
         res.key = key
         if res.nbytes <= _POOL_MAX_BYTES:
@@ -415,9 +421,11 @@ def _release(res: _Resources) -> None:
     elif res.key is not None and res.nbytes <= _BIG_SET_MAX_BYTES:
         with _calls_lock:
             _big.append(res)
-            kept = sum(r.nbytes for r in _big)
-            while len(_big) > _BIG_SLOTS or kept > _BIG_MAX_BYTES:
-                kept -= _big.pop(0).nbytes
+            try:
+                while len(_big) > _BIG_SLOTS or sum(r.nbytes for r in _big) > _BIG_MAX_BYTES:
+                    _big.pop(0)
+            except IndexError:                  # emptied meanwhile (see _calls_lock)
+                pass
 
 
 def _remember(key: Optional[tuple], call: _Call, options: tuple) -> bool:
@@ -427,8 +435,11 @@ def _remember(key: Optional[tuple], call: _Call, options: tuple) -> bool:
         return False
     with _calls_lock:
         if key not in _calls:
-            while len(_calls) >= _CALLS_MAX:
-                del _calls[next(iter(_calls))]
+            try:
+                while len(_calls) >= _CALLS_MAX:
+                    del _calls[next(iter(_calls))]
+            except (KeyError, StopIteration):   # emptied meanwhile (see _calls_lock)
+                pass
             _calls[key] = call
     return True
 
@@ -444,8 +455,7 @@ def clear_cache() -> None:
         _calls.clear()
         _big.clear()
         _last_fwd, _last_bwd = (_NEVER,) * 9, (_NEVER,) * 12
-    with _idle_lock:
-        _idle_out.clear()
+    _idle_out.clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -541,14 +551,18 @@ def grid_sample_3d(input, grid, *, mode="bilinear", padding_mode="zeros", align_
 # page, when the kernel has them) and the kernel zeroes every page, and this host spends up to
 # two thirds of a big call there (a plain 1x32x64^3 forward: 15.6 ms with fresh output, 4.8 ms
 # with recycled; 6.5 against 4.6 when huge pages are at hand).  The buffer is handed back only
-# when nothing refers to the output any more: every array made from it (views included, numpy
-# keeps the first non-array base) holds its _Lease, whose __del__ returns it.  Idle buffers are
-# bounded (the most recently returned kept) and freed by clear_cache.
+# when nothing refers to the output any more: the output's base is a byte array whose base is
+# its _Lease, every view holds one of them (numpy stops collapsing a view's base chain at a
+# base of another type), and only the lease's __del__ returns the buffer.  Idle buffers are
+# bounded (the most recently returned kept; none over the bound) and freed by clear_cache.
 _RECYCLE_MIN_BYTES = 4 << 20
 _RECYCLE_MAX_BYTES = 128 << 20  # idle in all
 _RECYCLE_SLOTS = 8              # idle buffers at most
-_idle_out: list = []            # idle buffers (uint8 arrays), oldest first; under _idle_lock
-_idle_lock = threading.Lock()
+# Idle buffers (uint8 arrays), oldest first.  No lock: a lease can die anywhere, inside a
+# garbage collection that runs any finalizer, including one that calls gs3d (which would
+# wait forever for a lock its own thread holds); each step below is one atomic list
+# operation, and a buffer is used only after checking what was taken.
+_idle_out: list = []
 
 
 class _Lease:
@@ -560,19 +574,32 @@ class _Lease:
     buf: np.ndarray
 
     def __del__(self) -> None:
-        # never waits: a lease may die while this thread holds the lock (a collection during
-        # _recycled_empty), or at interpreter exit; the buffer is then simply freed
         try:
-            if _idle_lock.acquire(blocking=False):
-                try:
-                    _idle_out.append(self.buf)
-                    kept = sum(b.nbytes for b in _idle_out)
-                    while len(_idle_out) > _RECYCLE_SLOTS or kept > _RECYCLE_MAX_BYTES:
-                        kept -= _idle_out.pop(0).nbytes
-                finally:
-                    _idle_lock.release()
-        except Exception:       # (module globals already torn down at exit)
+            if self.buf.nbytes > _RECYCLE_MAX_BYTES:
+                return                  # never kept: it would only push the others out
+            idle = _idle_out
+            idle.append(self.buf)
+            while len(idle) > _RECYCLE_SLOTS or sum(b.nbytes for b in idle) > _RECYCLE_MAX_BYTES:
+                idle.pop(0)
+        except Exception:       # emptied meanwhile, or module globals torn down at exit
             pass
+
+
+def _take_idle(size: int) -> Optional[np.ndarray]:
+    """An idle buffer of ``size`` bytes taken off the list (the most recent), or None."""
+    idle = _idle_out
+    for i in range(len(idle) - 1, -1, -1):
+        try:
+            if idle[i].nbytes != size:
+                continue
+            got = idle.pop(i)
+        except IndexError:      # the list shrank meanwhile
+            return None
+        if got.nbytes == size:
+            return got
+        idle.append(got)        # the list changed meanwhile: not ours
+        return None
+    return None
 
 
 def _recycled_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
@@ -580,12 +607,7 @@ def _recycled_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
     least _RECYCLE_MIN_BYTES) starting on a cache line, in an idle recycled buffer of its
     size or a new one."""
     size = nbytes + LINE
-    buf = None
-    with _idle_lock:
-        for i in range(len(_idle_out) - 1, -1, -1):
-            if _idle_out[i].nbytes == size:
-                buf = _idle_out.pop(i)
-                break
+    buf = _take_idle(size)
     if buf is None:
         buf = np.empty(size, np.uint8)
     lease = _Lease()

@@ -381,7 +381,7 @@ def test_big_outputs_reuse_memory_their_callers_dropped(monkeypatch):
     """A new output of at least _RECYCLE_MIN_BYTES takes an idle buffer an earlier output left
     when nothing referred to it any more (a view keeps it), with the bits of an output the
     caller gives whatever the buffer held; idle buffers are bounded and clear_cache frees them;
-    a buffer whose lease dies while the idle list is locked is freed, not waited for."""
+    a list emptied during the search gives nothing."""
     monkeypatch.setattr(_api, "_RECYCLE_MIN_BYTES", 1 << 18)
     rng = np.random.default_rng(11)
     x = rng.standard_normal((1, 16, 24, 24, 24)).astype(np.float32)
@@ -433,12 +433,18 @@ def test_big_outputs_reuse_memory_their_callers_dropped(monkeypatch):
     assert not any(np.shares_memory(a, b) for b in _api._idle_out)
     del a
     assert [b.nbytes for b in _api._idle_out] == [(1 << 20) + line]
-    # a lease that dies while the idle list is locked: freed, nothing waits
-    gs3d.clear_cache()
-    out = gs3d.grid_sample_3d(x, q)
-    with _api._idle_lock:
-        del out
-    assert _api._idle_out == []
+    # a buffer over the bound is freed, not kept at the others' expense
+    a = _api._recycled_empty((6 << 20,), u8, 6 << 20)
+    del a
+    assert [b.nbytes for b in _api._idle_out] == [(1 << 20) + line]
+    # the list emptied while a buffer is looked for: nothing taken
+    class Shrinking(list):
+        def __getitem__(self, i):
+            got = list.__getitem__(self, i)
+            self.clear()
+            return got
+    monkeypatch.setattr(_api, "_idle_out", Shrinking(_api._idle_out))
+    assert _api._take_idle((1 << 20) + line) is None
 
 
 def test_recycled_outputs_are_never_shared_between_threads(monkeypatch):
@@ -449,7 +455,14 @@ def test_recycled_outputs_are_never_shared_between_threads(monkeypatch):
     x = rng.standard_normal((1, 16, 24, 24, 24)).astype(np.float32)
     q = rng.uniform(-1.1, 1.1, (1, 24, 24, 24, 3)).astype(np.float32)
     want = _bits(gs3d.grid_sample_3d(x, q, out=np.empty_like(x)))
-    live, errors, lock = [], [], threading.Lock()
+    live, errors, lock, taken = [], [], threading.Lock(), []
+    take = _api._take_idle
+
+    def counted(size):
+        got = take(size)
+        taken.append(got is not None)
+        return got
+    monkeypatch.setattr(_api, "_take_idle", counted)
 
     def work():
         kept = []
@@ -473,3 +486,4 @@ def test_recycled_outputs_are_never_shared_between_threads(monkeypatch):
     for t in threads:
         t.join()
     assert errors == [] and len(live) == 8
+    assert len(taken) == 48 and any(taken)      # buffers were recycled

@@ -323,34 +323,100 @@ def test_fork_child_threaded_after_threaded_parent(child_threads):
 
 
 FORK_LOCKS_SCRIPT = textwrap.dedent("""
-    import os, signal
+    import os, signal, threading
     import numpy as np
     import gs3d
     from gs3d import _api
     x = np.ones((1, 8, 64, 64, 64), np.float32)     # an 8 MiB output: recycled memory
     grid = np.zeros((1, 64, 64, 64, 3), np.float32)
     gs3d.grid_sample_3d(x, grid)                    # leaves an idle buffer behind
-    _api._idle_lock.acquire()       # as other threads of the parent may hold them at the fork
-    _api._calls_lock.acquire()
+    held, done = threading.Event(), threading.Event()
+
+    def hold():                     # another thread of the parent holds the cache's lock
+        with _api._calls_lock:
+            held.set()
+            done.wait()
+    threading.Thread(target=hold).start()
+    held.wait()
     pid = os.fork()
     if pid == 0:
         signal.alarm(5)             # a hung child is killed by SIGALRM
         out = gs3d.grid_sample_3d(x, grid)
+        gs3d.clear_cache()
         os._exit(0 if np.all(out == 1) else 1)
+    done.set()
     _, status = os.waitpid(pid, 0)
     print(os.waitstatus_to_exitcode(status))
 """)
 
 
 @needs_fork
-def test_fork_child_with_the_parents_cache_locks_held():
-    """A child forked while a parent thread held the locks of the call cache and of the idle
-    output buffers gets new ones, so its calls do not wait for a thread that is not there."""
+def test_fork_child_with_the_parents_cache_lock_held():
+    """A child forked while another parent thread held the call cache's lock gets a new one,
+    so its calls do not wait for a thread that is not there."""
+    assert _script_status(FORK_LOCKS_SCRIPT) == 0
+
+
+GC_FINALIZER_SCRIPT = textwrap.dedent("""
+    import faulthandler, gc
+    import numpy as np
+    import gs3d
+    from gs3d import _api
+    faulthandler.dump_traceback_later(60, exit=True)   # a hang exits with a traceback
+    x = np.ones((1, 8, 64, 64, 64), np.float32)     # 8 MiB outputs and a big scratch set
+    grid = np.zeros((1, 64, 64, 64, 3), np.float32)
+    small = (np.ones((1, 2, 4, 4, 4), np.float32), np.zeros((1, 3, 3, 3, 3), np.float32))
+    done = []
+
+    class Model:                    # in a cycle: freed by a collection, which runs __del__
+        def __init__(self):
+            self.me = self
+
+        def __del__(self):
+            gs3d.clear_cache()
+            done.append(gs3d.grid_sample_3d(*small).shape)
+
+    # a collection inside an output lease's __del__ (its first tracked allocation)
+    out = gs3d.grid_sample_3d(x, grid)
+    Model()
+    gc.set_threshold(1)
+    del out
+    gc.set_threshold(700)
+    # what such a finalizer does inside a section under the cache's lock, on the same thread
+    with _api._calls_lock:
+        gs3d.clear_cache()
+        gs3d.grid_sample_3d(*small)
+        gs3d.grid_sample_3d_backward(x, x, grid)    # a big scratch set back to its slot
+        gs3d.grid_sample_3d_backward(x, x, grid)    # and taken from it
+    # and collections at nearly every allocation, everywhere
+    gc.set_threshold(1)
+    for _ in range(10):
+        Model()
+        out = gs3d.grid_sample_3d(x, grid)
+        Model()
+        del out
+        dx, dg = gs3d.grid_sample_3d_backward(x, x, grid)
+        Model()
+        del dx, dg
+    gc.set_threshold(700)
+    gc.collect()
+    print(len(done))
+""")
+
+
+def test_finalizers_calling_gs3d_inside_its_sections():
+    """Garbage collections may run finalizers anywhere, also while gs3d holds its cache's lock
+    or returns an output's buffer; finalizers that call gs3d there neither hang nor fail."""
+    assert _script_status(GC_FINALIZER_SCRIPT) == 31
+
+
+def _script_status(script):
+    """The last line a Python script printed (it must exit cleanly)."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", FORK_LOCKS_SCRIPT], capture_output=True,
-                          text=True, timeout=120, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    assert int(proc.stdout.strip().splitlines()[-1]) == 0
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=180, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    return int(proc.stdout.strip().splitlines()[-1])
 
 
 SPAWN_SCRIPT = textwrap.dedent("""
