@@ -1830,6 +1830,10 @@ cdef extern from *:
         __m256 R[8], v[8], d[8], mv[3], gx, gy, gz;
         __m256i idx[3], okv[3], vld, mj[8], mall, slab, vs8;
         float wa[8][8];
+        /* a point's grad_output channels, copied here when read in place off a 64-byte
+           boundary: its sixteen loads (eight dots, eight scatters, which the compiler must
+           assume could change them in place) then stay within cache lines */
+        float gl[32] __attribute__((aligned(64)));
         int ol[8][8], oa[8][8];
         unsigned mb[8], vsb[8], vd, vs;
         Py_ssize_t p, c;
@@ -1928,6 +1932,10 @@ cdef extern from *:
             for (l = 0; l < 8; l++) {
                 const float* go = a->gc == 1 && !xk ? a->go + (p + l) * a->gp
                                   : stage + (whole ? p + l : l) * C;
+                if (l < k && a->gc == 1 && !xk && C <= 32 && ((size_t)go & 63)) {
+                    memcpy(gl, go, 4 * C);
+                    go = gl;
+                }
                 for (r = 0; r < ((nown >> l) & 1 ? 4 : 0); r++)
                     gs3d_cl_span(xbytes + isz * (nxo[l] + (r >> 1) * sz + (r & 1) * sy) + rlo,
                                  rlen);
