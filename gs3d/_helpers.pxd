@@ -1799,7 +1799,8 @@ cdef extern from *:
        in order, its corner dots (gs3d_cl_dot, reduced by gs3d_cl_reduce8) and its scatter
        (gs3d_cl_run's), and the eight points' grid gradients together (gs3d_grid_grad8).
        grad_output's point p is at go + p gp with its channels at step gc: read in place when
-       gc is 1 (16-bit: converted into ``stage`` eight points at a time), else staged into
+       gc is 1 (float32 off a 64-byte line with C <= 32: each point's copied to an aligned
+       local first; 16-bit: converted into ``stage`` eight points at a time), else staged into
        ``stage`` (64 * 64 floats, the kernels' STAGE): the whole tile at once when its points
        are at step 1 and C * cnt fits (gs3d_transpose_f / _hf, as the tile loop stages it;
        the next tile's nxt points prefetched), else eight points at a time by 8 x 8
