@@ -362,6 +362,36 @@ _last_fwd: tuple = (_NEVER,) * 9
 _last_bwd: tuple = (_NEVER,) * 12
 
 
+def _keep(idle: list, item: Any, slots: int, max_bytes: int) -> None:
+    """Append ``item`` to ``idle`` (oldest first), then drop the oldest while more than
+    ``slots`` items or ``max_bytes`` (of their ``nbytes``) are there.  Each step is one list
+    operation: a finalizer run meanwhile may empty the list (see _calls_lock, _idle_out)."""
+    idle.append(item)
+    try:
+        while len(idle) > slots or sum(i.nbytes for i in idle) > max_bytes:
+            idle.pop(0)
+    except IndexError:
+        pass
+
+
+def _take(idle: list, match: Any) -> Any:
+    """The most recent item of ``idle`` for which ``match(item)``, taken off the list, or
+    None; what was popped is checked, since the list may change meanwhile (see _keep)."""
+    for i in range(len(idle) - 1, -1, -1):
+        try:
+            item = idle[i]
+            if not match(item):
+                continue
+            got = idle.pop(i)
+        except IndexError:
+            return None
+        if got is item:
+            return got
+        idle.append(got)        # not the one looked at: leave it
+        return None
+    return None
+
+
 class _Call:
     """A validated call signature: its problem, result shape, thread rule and scratch pool."""
 
@@ -396,14 +426,9 @@ class _Call:
         key = (self.pb, nt, self.want_dx, self.want_dg)
         if _big:
             with _calls_lock:
-                for i, res in enumerate(_big):
-                    if res.key == key:
-                        try:
-                            if _big.pop(i) is res:
-                                return res
-                        except IndexError:      # emptied meanwhile (see _calls_lock)
-                            pass
-                        break
+                res = _take(_big, lambda r: r.key == key)
+            if res is not None:
+                return res
         res = _Resources(self.pb, nt, self.want_dx, self.want_dx or self.want_dg)
         res.key = key
         if res.nbytes <= _POOL_MAX_BYTES:
@@ -420,12 +445,7 @@ def _release(res: _Resources) -> None:
             free.append(res)
     elif res.key is not None and res.nbytes <= _BIG_SET_MAX_BYTES:
         with _calls_lock:
-            _big.append(res)
-            try:
-                while len(_big) > _BIG_SLOTS or sum(r.nbytes for r in _big) > _BIG_MAX_BYTES:
-                    _big.pop(0)
-            except IndexError:                  # emptied meanwhile (see _calls_lock)
-                pass
+            _keep(_big, res, _BIG_SLOTS, _BIG_MAX_BYTES)
 
 
 def _remember(key: Optional[tuple], call: _Call, options: tuple) -> bool:
@@ -560,8 +580,8 @@ _RECYCLE_MAX_BYTES = 128 << 20  # idle in all
 _RECYCLE_SLOTS = 8              # idle buffers at most
 # Idle buffers (uint8 arrays), oldest first.  No lock: a lease can die anywhere, inside a
 # garbage collection that runs any finalizer, including one that calls gs3d (which would
-# wait forever for a lock its own thread holds); each step below is one atomic list
-# operation, and a buffer is used only after checking what was taken.
+# wait forever for a lock its own thread holds); _keep and _take survive the list changing
+# under them.
 _idle_out: list = []
 
 
@@ -575,31 +595,15 @@ class _Lease:
 
     def __del__(self) -> None:
         try:
-            if self.buf.nbytes > _RECYCLE_MAX_BYTES:
-                return                  # never kept: it would only push the others out
-            idle = _idle_out
-            idle.append(self.buf)
-            while len(idle) > _RECYCLE_SLOTS or sum(b.nbytes for b in idle) > _RECYCLE_MAX_BYTES:
-                idle.pop(0)
-        except Exception:       # emptied meanwhile, or module globals torn down at exit
+            if self.buf.nbytes <= _RECYCLE_MAX_BYTES:   # (a bigger one would push all out)
+                _keep(_idle_out, self.buf, _RECYCLE_SLOTS, _RECYCLE_MAX_BYTES)
+        except Exception:       # module globals torn down at exit
             pass
 
 
 def _take_idle(size: int) -> Optional[np.ndarray]:
     """An idle buffer of ``size`` bytes taken off the list (the most recent), or None."""
-    idle = _idle_out
-    for i in range(len(idle) - 1, -1, -1):
-        try:
-            if idle[i].nbytes != size:
-                continue
-            got = idle.pop(i)
-        except IndexError:      # the list shrank meanwhile
-            return None
-        if got.nbytes == size:
-            return got
-        idle.append(got)        # the list changed meanwhile: not ours
-        return None
-    return None
+    return _take(_idle_out, lambda b: b.nbytes == size)
 
 
 def _recycled_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
@@ -612,9 +616,9 @@ def _recycled_empty(shape: tuple, dtype: np.dtype, nbytes: int) -> np.ndarray:
         buf = np.empty(size, np.uint8)
     lease = _Lease()
     lease.buf = buf
-    lease.__array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "version": 3,
-                                 "data": (buf.ctypes.data + (-buf.ctypes.data % LINE), False)}
-    return np.asarray(lease).view(dtype).reshape(shape)
+    lease.__array_interface__ = {"shape": (size,), "typestr": "|u1", "version": 3,
+                                 "data": (buf.ctypes.data, False)}
+    return aligned_empty(shape, dtype, np.asarray(lease))
 
 
 def _output(given: Optional[np.ndarray], shape: tuple, dtype: np.dtype, plain_align: bool,

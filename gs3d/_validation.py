@@ -162,12 +162,14 @@ def check_ndim(arr: np.ndarray, name: str, axes: str):
 LINE = 64
 
 
-def aligned_empty(shape: tuple, dtype: Any) -> np.ndarray:
+def aligned_empty(shape: tuple, dtype: Any, buf: Optional[np.ndarray] = None) -> np.ndarray:
     """An uninitialised C-contiguous array whose data starts on a LINE-byte boundary (a view
-    into a slightly larger buffer)."""
+    into a slightly larger buffer: ``buf``, a 1-D uint8 array of at least its bytes + LINE,
+    when given, else a new one)."""
     dtype = np.dtype(dtype)
     nbytes = math.prod(shape) * dtype.itemsize
-    buf = np.empty(nbytes + LINE, dtype=np.uint8)
+    if buf is None:
+        buf = np.empty(nbytes + LINE, dtype=np.uint8)
     start = -buf.ctypes.data % LINE
     return buf[start:start + nbytes].view(dtype).reshape(shape)
 
