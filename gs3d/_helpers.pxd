@@ -384,7 +384,7 @@ cdef extern from *:
            input, grid, grad_output and grid gradient (x, q, go and dq unused) */
         const uint16_t* xh; const uint16_t* qh; const uint16_t* goh; uint16_t* dqh;
         Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt;
-        int align, border, do_dx, do_dg, own_all, prefetch, xk;
+        int align, border, do_dx, do_dg, own_all, prefetch, lead, xk;
     } gs3d_rows_args;
     /* arguments of gs3d_backward_cl_avx2 (below) */
     typedef struct {
@@ -1795,7 +1795,9 @@ cdef extern from *:
        mapping: the same masks, weights and multipliers; the points owned and the corners in
        the depth slab [zlo, zhi) as gs3d_backward_gather_body finds them; with ``prefetch``,
        the first block's corner rows prefetched at once, every later point's by the point
-       eight before it, as the tile loop's AHEAD does); then point by point,
+       eight before it, as the tile loop's AHEAD does: all four rows of the input and the
+       accumulator when ``prefetch`` is 1, only the input's row ``lead`` (depth + (lead >> 1),
+       height + (lead & 1); see lead_row in _kernels.pyx) when 2); then point by point,
        in order, its corner dots (gs3d_cl_dot, reduced by gs3d_cl_reduce8) and its scatter
        (gs3d_cl_run's), and the eight points' grid gradients together (gs3d_grid_grad8).
        grad_output's point p is at go + p gp with its channels at step gc: read in place when
@@ -1816,6 +1818,15 @@ cdef extern from *:
         if (B->slabb)
             gs3d_prefetch_rows8(a->A, 4, B->abase, (unsigned)B->slabb, a->ay, a->az, alo, alen);
     }
+    /* of the points owned of block B, the input's lead row alone (xlead bytes from row x0) */
+    static inline void gs3d_rows_lead8(const gs3d_bblock8* B, const char* xbytes,
+                                       Py_ssize_t isz, Py_ssize_t xlead, Py_ssize_t rlen) {
+        int bo[8], l;
+        _mm256_storeu_si256((__m256i*)bo, B->base);
+        for (l = 0; l < 8; l++)
+            if ((B->ownb >> l) & 1)
+                gs3d_cl_span(xbytes + isz * (Py_ssize_t)bo[l] + xlead, rlen);
+    }
     GS3D_ALWAYS_INLINE void gs3d_backward_rows_body(const gs3d_rows_args* a, Py_ssize_t cnt,
                                                     float* stage, const Py_ssize_t C,
                                                     const int dx, const int xk) {
@@ -1825,6 +1836,10 @@ cdef extern from *:
         const Py_ssize_t rlo = sx < 0 ? isz * sx : 0, rlen = isz * ((sx < 0 ? -sx : sx) + C);
         const Py_ssize_t alo = ax < 0 ? 4 * ax : 0, alen = 4 * ((ax < 0 ? -ax : ax) + C);
         const int all_planes = a->zlo <= 0 && a->zhi >= a->D;
+        /* the later points' corner rows prefetched: all four of the input and the
+           accumulator, or the input's lead row alone (its offset in bytes from row x0) */
+        const int lead_only = a->prefetch == 2;
+        const Py_ssize_t xlead = isz * ((a->lead >> 1) * sz + (a->lead & 1) * sy) + rlo;
         const __m256 zero = _mm256_setzero_ps();
         gs3d_cl_args xa;            /* gs3d_cl_dot reads only its x */
         gs3d_bblock8 blk[8];
@@ -1868,21 +1883,31 @@ cdef extern from *:
         else if (whole)
             gs3d_transpose_f(a->go, a->gc, C, cnt, stage, C, a->nxt);
         /* the first block's corner rows now, every later point's eight points ahead */
-        if (a->prefetch)
+        if (lead_only)
+            gs3d_rows_lead8(&blk[0], xbytes, isz, xlead, rlen);
+        else if (a->prefetch)
             gs3d_rows_prefetch8(a, &blk[0], xbytes, isz, rlo, rlen, alo, alen);
         for (cb = 0; cb < nb; cb++) {
             const gs3d_bblock8* B = &blk[cb];
             int nxo[8], nxa[8];
-            unsigned nown = 0, nsl = 0;
+            /* the next block's points whose rows to prefetch: all four of the input and of
+               the accumulator, or the input's lead row alone */
+            unsigned nown = 0, nsl = 0, nlead = 0;
             if (a->prefetch && cb + 1 < nb) {
-                nown = (unsigned)blk[cb + 1].ownb;
-                nsl = (unsigned)blk[cb + 1].slabb;
+                if (lead_only) {
+                    nlead = (unsigned)blk[cb + 1].ownb;
+                } else {
+                    nown = (unsigned)blk[cb + 1].ownb;
+                    nsl = (unsigned)blk[cb + 1].slabb;
+                }
                 _mm256_storeu_si256((__m256i*)nxo, blk[cb + 1].base);
                 _mm256_storeu_si256((__m256i*)nxa, blk[cb + 1].abase);
             }
             if (!(B->ownb | B->slabb)) {
                 /* nothing of these eight points is this call's */
-                if (nown | nsl)
+                if (nlead)
+                    gs3d_rows_lead8(&blk[cb + 1], xbytes, isz, xlead, rlen);
+                else if (nown | nsl)
                     gs3d_rows_prefetch8(a, &blk[cb + 1], xbytes, isz, rlo, rlen, alo, alen);
                 continue;
             }
@@ -1943,6 +1968,8 @@ cdef extern from *:
                 for (r = 0; r < ((nsl >> l) & 1 ? 4 : 0); r++)
                     gs3d_cl_span((const char*)(a->A + nxa[l] + (r >> 1) * az + (r & 1) * ay) + alo,
                                  alen);
+                if ((nlead >> l) & 1)
+                    gs3d_cl_span(xbytes + isz * nxo[l] + xlead, rlen);
                 vd = vs = 0;
                 for (j = 0; j < 8; j++) {
                     vd |= ((mb[j] >> l) & 1u) << j;
@@ -2168,7 +2195,7 @@ cdef extern from *:
         const uint16_t* goh
         uint16_t* dqh
         Py_ssize_t sx, sy, sz, ax, ay, az, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi, nxt
-        int align, border, do_dx, do_dg, own_all, prefetch, xk
+        int align, border, do_dx, do_dg, own_all, prefetch, lead, xk
     void gs3d_backward_rows(const gs3d_rows_args* a, Py_ssize_t cnt, float* stage) noexcept nogil
     void gs3d_transpose_f(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                           float* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil

@@ -79,6 +79,7 @@ cdef struct Geo:
     bint simd_gather     # through gs3d_forward/backward_gather_avx2 (see enable_simd_gather)
     bint prefetch_fwd    # prefetch corners ahead of the point loops in the forward
     bint prefetch_bwd    # and in the backward (see PREFETCH_BWD_MIN_KIB and _F64)
+    int lead_row         # below that, the one corner row it prefetches (see lead_row)
     Py_ssize_t qp, op    # and its point strides of the grid and grad_output / the output
     Py_ssize_t dp        # and of grid_grad (backward)
     Py_ssize_t xlast     # offset of the input's highest-addressed element (16-bit gathers)
@@ -115,6 +116,24 @@ cdef enum:
 # smooth 0.87-0.96x, 8x8x24^3 (0.84 MiB) random 1.28x, smooth 0.91-0.92x: so from 1.5 MiB,
 # where smooth grids lose nothing.  (float32 from 0.5 MiB on the same host: random
 # 0.93-1.31x, smooth 0.80-0.95x.)
+# Under PREFETCH_BWD_MIN_KIB, gs3d_backward_rows (float32 and 16-bit, C a multiple of 8, tiles
+# of smooth grids, and the grid gradient alone) still prefetches one corner row of the input
+# for each point it owns: the row that no earlier output row touched (lead_row).  On a smooth
+# warp a point's other three rows were read one output row or one output plane before and are
+# still near; the lead row is where the misses fall once the call's data does not stay in the
+# caches from one call to the next (perf, 8x8x32^3 NDHWC at one thread: 29% of the rows
+# kernel's samples on the loads of its two corners).  In-process A/B against no prefetch there (36af9f4), float32 NDHWC
+# smooth, two runs, 2 threads / 1 thread: 8x8x32^3 1.16-1.25x / 1.25-1.27x, 4x16x32^3
+# 1.19-1.22x / 1.22-1.30x, 16x8x24^3 1.09-1.13x, 4x8x32^3 1.01-1.15x, 2x16x32^3 0.98-0.99x;
+# NCDHW 4x16x32^3 1.10-1.11x; grids flipped in height, depth or both (lead rows 2, 1, 0)
+# 1.23-1.29x; the grid gradient alone 1.02-1.03x; the input gradient alone (no row: only the
+# points owned prefetch) 0.98-0.99x; float16 0.98-1.04x.  Small calls, whose data stays in the
+# caches (1x16x32^3, 1x8x32^3, 2x8x32^3, 32x16x8^3, NCDHW 1x16x32^3): 0.97-1.00x, as they were
+# without the hint (gated off below 4 MiB of input per call: 0.97-1.00x; the same build against
+# itself: 0.97-1.02x); items past the gate, all four rows as before (1x32x32^3, 1x32x64^3):
+# 0.97-1.00x.  Measured and not kept: all four rows on calls under 4 MiB (2x8x32^3,
+# 1x16x32^3, 2x16x32^3, 4x8x32^3: 0.77-0.89x), the accumulator's lead row too (the input
+# gradient alone 0.95x), and the same hint in the forward gather (0.81-1.04x).
 # Prefetching never changes a result, only when the lines arrive.
 cdef enum:
     PREFETCH_BWD_MIN_KIB = 3072
@@ -383,6 +402,7 @@ cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssiz
                                         else PREFETCH_BWD_MIN_KIB)
     g.qp = g.op = g.dp = 0
     g.rows = g.rows_dx = False
+    g.lead_row = 3
 
 
 cdef bint flat_points(const Py_ssize_t* s, Geo* g, Py_ssize_t* step) noexcept nogil:
@@ -1776,7 +1796,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         rw.W, rw.H, rw.D, rw.C = g.W, g.H, g.D, C
         rw.qp, rw.qc, rw.gp, rw.gc = g.qp, g.qs[4], g.op, gc
         rw.zlo, rw.zhi, rw.nxt = zlo, zhi, min(<Py_ssize_t>TILE, g.Do * g.Ho * g.Wo - p0 - cnt)
-        rw.align, rw.border, rw.prefetch = g.align, g.padding, g.prefetch_bwd
+        # every corner row ahead past the gate, else the lead row alone (see lead_row)
+        rw.align, rw.border = g.align, g.padding
+        rw.prefetch = 1 if g.prefetch_bwd else 2
+        rw.lead = g.lead_row
         rw.do_dx, rw.do_dg, rw.own_all = do_dx, do_dg, own_all
         gs3d_backward_rows(&rw, cnt, <float*>dots)
         return
@@ -2287,6 +2310,22 @@ cdef void choose_slabs(const store_t* q, Geo* g, Py_ssize_t n, int nt, Py_ssize_
         t += 1
 
 
+cdef void probe_geo(Geo* g, const Py_ssize_t* qshape, const Py_ssize_t* qstrides, Py_ssize_t D,
+                    Py_ssize_t H, Py_ssize_t W, Py_ssize_t isz, int mode, int padding, bint align,
+                    int half_kind) noexcept:
+    """``g`` for the tests' probes of a grid alone (shape and byte strides ``qshape``,
+    ``qstrides``, items of ``isz`` bytes) over one batch item of D x H x W with one channel."""
+    cdef Py_ssize_t xshape[5]
+    cdef Py_ssize_t xstrides[5]
+    cdef Py_ssize_t qsh[5]
+    cdef Py_ssize_t qst[5]
+    cdef int k
+    xshape[0], xshape[1], xshape[2], xshape[3], xshape[4] = 1, D, H, W, 1
+    for k in range(5):
+        qsh[k], qst[k], xstrides[k] = qshape[k], qstrides[k], 0
+    init_geo_raw(g, xshape, xstrides, qsh, qst, isz, mode, padding, align, half_kind)
+
+
 def slab_bounds(const store_t[:, :, :, :, :] grid, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
                 int nt, int mode=MODE_BILINEAR, int padding=0, bint align=False):
     """The depth slab bounds (``nt + 1`` of them) that the threaded backward picks from batch
@@ -2294,30 +2333,34 @@ def slab_bounds(const store_t[:, :, :, :, :] grid, Py_ssize_t D, Py_ssize_t H, P
     cost estimate they were cut from (choose_slabs; for tests: the bounds decide which thread
     scatters which planes and, for two slabs, whether the points are split)."""
     cdef Geo g
-    cdef Py_ssize_t xshape[5]
-    cdef Py_ssize_t xstrides[5]
-    cdef Py_ssize_t qshape[5]
-    cdef Py_ssize_t qstrides[5]
-    cdef int k
     if store_t is not float and store_t is not double:
         raise TypeError("slab_bounds takes a float32 or float64 grid")
     if (nt < 1 or D < 1 or H < 1 or W < 1 or grid.shape[4] != 3
             or grid.shape[0] * grid.shape[1] * grid.shape[2] * grid.shape[3] == 0):
         raise ValueError("slab_bounds needs nt, D, H, W >= 1 and a grid of shape (N, Do, Ho, "
                          "Wo, 3) with points")
-    xshape[0], xshape[1], xshape[2], xshape[3], xshape[4] = 1, D, H, W, 1
-    for k in range(5):
-        qshape[k] = grid.shape[k]
-        qstrides[k] = grid.strides[k]
-        xstrides[k] = 0
-    init_geo_raw(&g, xshape, xstrides, qshape, qstrides, sizeof(store_t), mode, padding, align,
-                 0)
+    probe_geo(&g, &grid.shape[0], &grid.strides[0], D, H, W, sizeof(store_t), mode, padding,
+              align, 0)
     bounds = np.empty(nt + 1, dtype=np.intp)
     cost = np.empty(D, dtype=np.float64)
     cdef Py_ssize_t[::1] b = bounds
     cdef double[::1] cv = cost
     choose_slabs(&grid[0, 0, 0, 0, 0], &g, 0, nt, &b[0], &cv[0])
     return bounds, cost
+
+
+def backward_lead_row(const store_t[:, :, :, :, :] grid, int half_kind=0):
+    """The corner row the backward prefetches alone below PREFETCH_BWD_MIN_KIB (lead_row,
+    for tests) for ``grid`` (N, Do, Ho, Wo, 3): float64, float32, or uint16 holding 16-bit
+    bits of ``half_kind``."""
+    cdef Geo g
+    if grid.shape[0] < 1 or grid.shape[4] != 3:
+        raise ValueError("backward_lead_row needs a grid of shape (N >= 1, Do, Ho, Wo, 3)")
+    probe_geo(&g, &grid.shape[0], &grid.strides[0], 1, 1, 1, sizeof(store_t), MODE_BILINEAR, 0,
+              False, half_kind)
+    if g.Do * g.Ho * g.Wo == 0:
+        return lead_row(<const store_t*>NULL, &g)
+    return lead_row(&grid[0, 0, 0, 0, 0], &g)
 
 
 cdef void nearest_slabs(const store_t* grad, const store_t* q, store_t* dq, acc_t* A,
@@ -2398,6 +2441,29 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
                      &xcl[0], xcl.shape[0], &g, want_dx, want_dg, nthreads, False)
 
 
+cdef int lead_row(const store_t* q, Geo* g) noexcept nogil:
+    """The corner row that no earlier output row has touched when a point of an output row
+    reaches it (depth + (r >> 1), height + (r & 1), as gs3d_backward_rows numbers them): on a
+    smooth warp, the row of both upper corners (3) when the grid's depth and height
+    coordinates grow with the output's, the lower one on an axis where they fall.  Judged on
+    batch item 0 from the ends of the output's middle column and middle row; 3 when either
+    is a tie or NaN, or there are no points.  A hint for prefetching only (see the notes
+    above PREFETCH_BWD_MIN_KIB): never a result."""
+    cdef Py_ssize_t a
+    cdef int r = 3, hk = g.half_kind
+    if g.Do * g.Ho * g.Wo == 0:
+        return r
+    # height: the y coordinates of (Do/2, 0, Wo/2) and (Do/2, Ho - 1, Wo/2)
+    a = (g.Do // 2) * g.qs[1] + (g.Wo // 2) * g.qs[3] + g.qs[4]
+    if ld(q, a + (g.Ho - 1) * g.qs[2], hk) < ld(q, a, hk):
+        r -= 1
+    # depth: the z coordinates of (0, Ho/2, Wo/2) and (Do - 1, Ho/2, Wo/2)
+    a = (g.Ho // 2) * g.qs[2] + (g.Wo // 2) * g.qs[3] + 2 * g.qs[4]
+    if ld(q, a + (g.Do - 1) * g.qs[1], hk) < ld(q, a, hk):
+        r -= 2
+    return r
+
+
 cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, store_t* dx,
                        store_t* dgrid, acc_t* dacc, const Py_ssize_t* dacc_shape,
                        acc_t* scratch, Py_ssize_t srow, unsigned char* workspace, store_t* xcl,
@@ -2433,6 +2499,7 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef const Py_ssize_t* ast
     P = g.Do * g.Ho * g.Wo
     item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
+    g.lead_row = lead_row(q, g)
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
     # the strides of a contiguous (D, H, W, C) batch item (Acl; the channels-last

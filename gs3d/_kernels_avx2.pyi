@@ -4,6 +4,7 @@ from ._kernels import (
     BackwardRunner as BackwardRunner,
     ForwardRunner as ForwardRunner,
     backward as backward,
+    backward_lead_row as backward_lead_row,
     channels_last_pays as channels_last_pays,
     cpu_has_avx2 as cpu_has_avx2,
     cpu_has_avx512 as cpu_has_avx512,

@@ -141,3 +141,57 @@ def test_16bit_rows_give_the_baseline_bits(dtype, layout, which, grid, strided):
             if mask == (True, True):
                 _check_reference((np.moveaxis(base[0], 4, 1) if layout == "NDHWC" else base[0],
                                   base[1]), x, q, go, cfg, dtype)
+
+
+def test_lead_row_follows_the_grids_direction():
+    """Below PREFETCH_BWD_MIN_KIB gs3d_backward_rows prefetches one corner row per point, the
+    one no earlier output row touched (lead_row): row 3 (depth + 1, height + 1) on a grid near
+    the identity, the lower row on each axis whose coordinates fall along the output.  Ties,
+    NaN at the probed points and outputs without points give 3; a view with negative strides
+    is probed where it points; every storage type and kernel module gives the same row."""
+    _, q, _ = _case(2, 8, (6, 6, 6), (5, 6, 7), seed=3, spread=None)
+    q[0].reshape(-1, 3)[:5] = 0.25             # the points _case made non-finite: not probed
+    flips = {(): 3, (1,): 2, (2,): 1, (1, 2): 0}
+    for module in kernel_modules():
+        for axes, row in flips.items():
+            f = q.copy()
+            for a in axes:
+                f[..., a] *= -1
+            for dt in (np.float64, np.float32):
+                assert module.backward_lead_row(f.astype(dt)) == row, (axes, dt)
+            for dtype, kind in (("float16", 0), ("bfloat16", 1)):
+                bits = f.astype(np_dtype(dtype)).view(np.uint16)
+                assert module.backward_lead_row(bits, kind) == row, (axes, dtype)
+            # the same points reversed along depth and height by the view, not the values
+            assert module.backward_lead_row(f[:, ::-1, ::-1]) == (3 - row), axes
+            # only batch item 0 is probed
+            g = f.copy()
+            g[1] = q[1, ::-1, ::-1]
+            assert module.backward_lead_row(g) == row, axes
+        assert module.backward_lead_row(np.zeros((1, 4, 4, 4, 3), np.float32)) == 3
+        assert module.backward_lead_row(np.full((1, 4, 4, 4, 3), np.nan)) == 3
+        assert module.backward_lead_row(q[:, :1, :1]) == 3          # one plane, one row
+        assert module.backward_lead_row(np.zeros((1, 0, 4, 4, 3), np.float32)) == 3
+
+
+@pytest.mark.parametrize("flip", [(), (1,), (2,), (1, 2)])
+def test_flipped_grids_give_the_tile_loops_bits(flip):
+    """A grid near the identity but flipped in height and/or depth (each lead_row): NDHWC
+    into a dense input_grad takes gs3d_backward_rows with that row prefetched; a strided
+    input_grad takes the tile loop.  The same bits, at 1, 2 and 3 threads, and the
+    reference's values."""
+    x, q, go = _case(*FEW_POINTS[1], seed=11, spread=None)
+    for a in flip:
+        q[..., a] *= -1
+    xl, gl = to_layout(x, "NDHWC"), to_layout(go, "NDHWC")
+    assert gs3d._kernels.backward_lead_row(q) == 3 - sum(flip)
+    for cfg in CFGS:
+        for nt in (1, 2, 3):
+            dense = gs3d.grid_sample_3d_backward(gl, xl, q, layout="NDHWC", num_threads=nt,
+                                                 **cfg)
+            tiles = gs3d.grid_sample_3d_backward(gl, xl, q, layout="NDHWC", num_threads=nt,
+                                                 input_grad=_strided(np.zeros(xl.shape,
+                                                                              np.float32)),
+                                                 **cfg)
+            assert all(same_bits(a, b) for a, b in zip(dense, tiles)), (cfg, nt)
+        _check_reference((np.moveaxis(dense[0], 4, 1), dense[1]), x, q, go, cfg)
