@@ -117,21 +117,22 @@ cdef enum:
 # where smooth grids lose nothing.  (float32 from 0.5 MiB on the same host: random
 # 0.93-1.31x, smooth 0.80-0.95x.)
 # Under PREFETCH_BWD_MIN_KIB, gs3d_backward_rows (float32 and 16-bit, C a multiple of 8, tiles
-# of smooth grids, and the grid gradient alone) still prefetches one corner row of the input
-# for each point it owns: the row that no earlier output row touched (lead_row).  On a smooth
-# warp a point's other three rows were read one output row or one output plane before and are
-# still near; the lead row is where the misses fall once the call's data does not stay in the
-# caches from one call to the next (perf, 8x8x32^3 NDHWC at one thread: 29% of the rows
-# kernel's samples on the loads of its two corners).  In-process A/B against no prefetch there (36af9f4), float32 NDHWC
-# smooth, two runs, 2 threads / 1 thread: 8x8x32^3 1.16-1.25x / 1.25-1.27x, 4x16x32^3
-# 1.19-1.22x / 1.22-1.30x, 16x8x24^3 1.09-1.13x, 4x8x32^3 1.01-1.15x, 2x16x32^3 0.98-0.99x;
-# NCDHW 4x16x32^3 1.10-1.11x; grids flipped in height, depth or both (lead rows 2, 1, 0)
-# 1.23-1.29x; the grid gradient alone 1.02-1.03x; the input gradient alone (no row: only the
-# points owned prefetch) 0.98-0.99x; float16 0.98-1.04x.  Small calls, whose data stays in the
-# caches (1x16x32^3, 1x8x32^3, 2x8x32^3, 32x16x8^3, NCDHW 1x16x32^3): 0.97-1.00x, as they were
-# without the hint (gated off below 4 MiB of input per call: 0.97-1.00x; the same build against
-# itself: 0.97-1.02x); items past the gate, all four rows as before (1x32x32^3, 1x32x64^3):
-# 0.97-1.00x.  Measured and not kept: all four rows on calls under 4 MiB (2x8x32^3,
+# of smooth grids, and the grid gradient alone on any grid) still prefetches one corner row of
+# the input for each point whose grid gradient it computes: the row that no earlier output row
+# touched (lead_row).  On a smooth warp a point's other three rows were read one output row or
+# one output plane before and are still near; the lead row is where the misses fall once the
+# call's data does not stay in the caches from one call to the next (perf, 8x8x32^3 NDHWC at
+# one thread: 29% of the rows kernel's samples on the loads of its two corners).  In-process
+# A/B against no prefetch there (36af9f4), float32 NDHWC smooth, three runs, 2 threads / 1
+# thread: 8x8x32^3 1.16-1.29x / 1.25-1.33x, 4x16x32^3 1.19-1.43x / 1.22-1.30x, 16x8x24^3
+# 1.09-1.13x, 4x8x32^3 1.01-1.15x, 2x16x32^3 0.98-0.99x; NCDHW 4x16x32^3 1.10-1.11x; grids
+# flipped in height, depth or both (lead rows 2, 1, 0) 1.23-1.29x; the grid gradient alone
+# 1.02-1.03x smooth, 0.98-1.01x random; the input gradient alone (no row prefetched)
+# 0.98-1.03x; float16 0.98-1.04x.  Small calls, whose data stays in the caches (1x16x32^3,
+# 1x8x32^3, 2x8x32^3, 32x16x8^3, NCDHW 1x16x32^3): 0.97-1.00x, as a variant that left calls
+# under 4 MiB of input without the hint measured them (the same build against itself:
+# 0.97-1.02x); items past the gate, all four rows as before (1x32x32^3, 1x32x64^3):
+# 0.97-1.01x.  Measured and not kept: all four rows on calls under 4 MiB (2x8x32^3,
 # 1x16x32^3, 2x16x32^3, 4x8x32^3: 0.77-0.89x), the accumulator's lead row too (the input
 # gradient alone 0.95x), and the same hint in the forward gather (0.81-1.04x).
 # Prefetching never changes a result, only when the lines arrive.
@@ -2442,13 +2443,15 @@ def backward(const store_t[:, :, :, :, :] grad, const store_t[:, :, :, :, :] inp
 
 
 cdef int lead_row(const store_t* q, Geo* g) noexcept nogil:
-    """The corner row that no earlier output row has touched when a point of an output row
-    reaches it (depth + (r >> 1), height + (r & 1), as gs3d_backward_rows numbers them): on a
-    smooth warp, the row of both upper corners (3) when the grid's depth and height
-    coordinates grow with the output's, the lower one on an axis where they fall.  Judged on
-    batch item 0 from the ends of the output's middle column and middle row; 3 when either
-    is a tie or NaN, or there are no points.  A hint for prefetching only (see the notes
-    above PREFETCH_BWD_MIN_KIB): never a result."""
+    """The corner row that no earlier output row (line of points along W) has touched when a
+    point of an output row reaches it (depth + (r >> 1), height + (r & 1), as
+    gs3d_backward_rows numbers them): on a smooth warp, the row of both upper corners (3) when
+    the grid's depth and height coordinates grow with the output's, the lower one on each axis
+    where they fall.  Judged on batch item 0, each axis alone: height from the y coordinates
+    at the two ends of the output's line (Do/2, *, Wo/2), depth from the z coordinates at the
+    ends of (*, Ho/2, Wo/2); a tie (one output plane, one line along H) or NaN there keeps
+    that axis's upper row; 3 when there are no points.  A hint for prefetching only (see the
+    notes above PREFETCH_BWD_MIN_KIB): never a result."""
     cdef Py_ssize_t a
     cdef int r = 3, hk = g.half_kind
     if g.Do * g.Ho * g.Wo == 0:

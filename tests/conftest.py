@@ -51,16 +51,20 @@ def same_bits(a, b):
                                              np.ascontiguousarray(b).view(np.uint8)))
 
 
-def kernel_modules():
+def kernel_modules(need_simd=True):
     """The baseline kernel module, then every SIMD variant this CPU runs: AVX2, and AVX-512
-    where the CPU has it (skips where the AVX2 one cannot run).  Cross-build tests compare
-    each variant with the baseline."""
+    where the CPU has it (skips where the AVX2 one cannot run, unless ``need_simd`` is False:
+    then the baseline alone).  Cross-build tests compare each variant with the baseline."""
     from gs3d import _kernels
     try:
         from gs3d import _kernels_avx2
     except ImportError:
+        if not need_simd:
+            return [_kernels]
         pytest.skip("the AVX2 variant is not built on this platform")
     if not _kernels.cpu_has_avx2():
+        if not need_simd:
+            return [_kernels]
         pytest.skip("this CPU lacks AVX2/FMA/F16C")
     modules = [_kernels, _kernels_avx2]
     if _kernels.cpu_has_avx512():

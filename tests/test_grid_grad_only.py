@@ -143,16 +143,18 @@ def test_16bit_rows_give_the_baseline_bits(dtype, layout, which, grid, strided):
                                   base[1]), x, q, go, cfg, dtype)
 
 
+
 def test_lead_row_follows_the_grids_direction():
-    """Below PREFETCH_BWD_MIN_KIB gs3d_backward_rows prefetches one corner row per point, the
-    one no earlier output row touched (lead_row): row 3 (depth + 1, height + 1) on a grid near
-    the identity, the lower row on each axis whose coordinates fall along the output.  Ties,
-    NaN at the probed points and outputs without points give 3; a view with negative strides
-    is probed where it points; every storage type and kernel module gives the same row."""
+    """Below PREFETCH_BWD_MIN_KIB gs3d_backward_rows prefetches, for each point whose grid
+    gradient it computes, one corner row: the one no earlier output row touched (lead_row).
+    Row 3 (depth + 1, height + 1) on a grid near the identity; on each axis whose coordinates
+    fall along the output, the lower row.  Each axis is judged alone: a tie (one output plane
+    or one output line along H) or NaN at its probes keeps its upper row.  A view with
+    negative strides is probed where it points, only batch item 0 counts, and every storage
+    type and kernel module gives the same row."""
     _, q, _ = _case(2, 8, (6, 6, 6), (5, 6, 7), seed=3, spread=None)
-    q[0].reshape(-1, 3)[:5] = 0.25             # the points _case made non-finite: not probed
     flips = {(): 3, (1,): 2, (2,): 1, (1, 2): 0}
-    for module in kernel_modules():
+    for module in kernel_modules(need_simd=False):
         for axes, row in flips.items():
             f = q.copy()
             for a in axes:
@@ -163,24 +165,34 @@ def test_lead_row_follows_the_grids_direction():
                 bits = f.astype(np_dtype(dtype)).view(np.uint16)
                 assert module.backward_lead_row(bits, kind) == row, (axes, dtype)
             # the same points reversed along depth and height by the view, not the values
-            assert module.backward_lead_row(f[:, ::-1, ::-1]) == (3 - row), axes
-            # only batch item 0 is probed
+            assert module.backward_lead_row(f[:, ::-1, ::-1]) == 3 - row, axes
             g = f.copy()
             g[1] = q[1, ::-1, ::-1]
             assert module.backward_lead_row(g) == row, axes
+            # one axis tied (a single plane, a single line along H) or NaN at its probes: that
+            # axis's upper row, the other axis as before
+            assert module.backward_lead_row(f[:, :1]) == row | 2, axes
+            assert module.backward_lead_row(f[:, :, :1]) == row | 1, axes
+            h = f.copy()
+            h[0, 2, -1, 3, 1] = np.nan                  # the far end of the height probe
+            assert module.backward_lead_row(h) == row | 1, axes
+            h = f.copy()
+            h[0, 0, 3, 3, 2] = np.nan                   # the near end of the depth probe
+            assert module.backward_lead_row(h) == row | 2, axes
         assert module.backward_lead_row(np.zeros((1, 4, 4, 4, 3), np.float32)) == 3
         assert module.backward_lead_row(np.full((1, 4, 4, 4, 3), np.nan)) == 3
-        assert module.backward_lead_row(q[:, :1, :1]) == 3          # one plane, one row
         assert module.backward_lead_row(np.zeros((1, 0, 4, 4, 3), np.float32)) == 3
 
 
 @pytest.mark.parametrize("flip", [(), (1,), (2,), (1, 2)])
 def test_flipped_grids_give_the_tile_loops_bits(flip):
-    """A grid near the identity but flipped in height and/or depth (each lead_row): NDHWC
-    into a dense input_grad takes gs3d_backward_rows with that row prefetched; a strided
-    input_grad takes the tile loop.  The same bits, at 1, 2 and 3 threads, and the
+    """A grid near the identity, flipped in height and/or depth (each lead_row), with 64
+    output points per plane: every tile lies in one output plane, so NDHWC into a dense
+    input_grad takes gs3d_backward_rows with that row prefetched (fewer output points than a
+    quarter of the voxels: no split of the points), and so does the grid gradient alone; a
+    strided input_grad takes the tile loop.  The same bits, at 1, 2 and 3 threads, and the
     reference's values."""
-    x, q, go = _case(*FEW_POINTS[1], seed=11, spread=None)
+    x, q, go = _case(2, 16, (40, 8, 8), (8, 8, 8), seed=11, spread=None)
     for a in flip:
         q[..., a] *= -1
     xl, gl = to_layout(x, "NDHWC"), to_layout(go, "NDHWC")
@@ -193,5 +205,8 @@ def test_flipped_grids_give_the_tile_loops_bits(flip):
                                                  input_grad=_strided(np.zeros(xl.shape,
                                                                               np.float32)),
                                                  **cfg)
+            alone = gs3d.grid_sample_3d_backward(gl, xl, q, layout="NDHWC", num_threads=nt,
+                                                 output_mask=(False, True), **cfg)
             assert all(same_bits(a, b) for a, b in zip(dense, tiles)), (cfg, nt)
+            assert same_bits(alone[1], dense[1]), (cfg, nt)
         _check_reference((np.moveaxis(dense[0], 4, 1), dense[1]), x, q, go, cfg)
