@@ -79,7 +79,7 @@ cdef struct Geo:
     bint simd_gather     # through gs3d_forward/backward_gather_avx2 (see enable_simd_gather)
     bint prefetch_fwd    # prefetch corners ahead of the point loops in the forward
     bint prefetch_bwd    # and in the backward (see PREFETCH_BWD_MIN_KIB and _F64)
-    int lead_row         # below that, the one corner row it prefetches (see lead_row)
+    int lead_row         # under that gate, the rows kernel's one corner row (see lead_row)
     Py_ssize_t qp, op    # and its point strides of the grid and grad_output / the output
     Py_ssize_t dp        # and of grid_grad (backward)
     Py_ssize_t xlast     # offset of the input's highest-addressed element (16-bit gathers)
