@@ -136,7 +136,7 @@ class _Resources:
         # NCDHW with many channels runs through channels-last copies (see the kernels):
         # a channels-last accumulator of one batch item, and a copy of input[n] that lives in
         # input_grad[n] when that is contiguous, else in ``xcl``
-        copies = _copies_pay(pb, backward)
+        copies = _copies_pay(pb, backward, nt)
         self.cl = copies and not pb.channels_last
         # the split of one batch item's points in two halves (see _may_split)
         self.split = backward and want_dx and _may_split(pb)
@@ -205,18 +205,20 @@ def _cl_acc_shape(pb: Problem, nt: int) -> tuple:
     return (D, H, W, pb.C)
 
 
-def _copies_pay(pb: Problem, backward: bool) -> bool:
+def _copies_pay(pb: Problem, backward: bool, nt: int = 1) -> bool:
     """True when the kernels run ``pb`` through channels-last copies if its input's channel
     stride is not 1 (always so for NCDHW): many channels, or from four for the float32
     bilinear backward, any padding (exactly four for float16/bfloat16), or for the float32
-    bilinear forward of a large batch item (on scattered grids only; their rules,
-    _kernels.channels_last_pays; the buffers are sized here from them)."""
+    bilinear forward of a large batch item (on scattered grids only; larger where ``nt``
+    threads share a batch item; their rules, _kernels.channels_last_pays; the buffers are
+    sized here from them)."""
     D, H, W = pb.in_spatial
     itemsize = 2 if pb.kind in _HALF_KIND else 8 if pb.kind == "f8" else 4
     if backward:
         few = _kernels.few_channels_backward(itemsize, pb.C, pb.mode, pb.padding)
     else:
-        few = _kernels.few_channels_forward(itemsize, pb.C, D, H, W, pb.mode)
+        few = _kernels.few_channels_forward(itemsize, pb.C, D, H, W, pb.mode,
+                                            nt == 1 or pb.N >= nt)
     return _kernels.channels_last_pays(pb.C, D, H, W, math.prod(pb.out_spatial), few)
 
 

@@ -191,12 +191,21 @@ cdef enum:
 # it takes the channels-last copy: there each corner's C planes cost C misses (and C pages)
 # where the copy's cost one.  In-process A/B, 2 threads, uniformly random grids: 1x4x128^3
 # 2.3-2.4x faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x, 1x4x112^3 1.7x, 1x6x96^3
-# 1.3x, but 1x4x96^3 (13.5 MiB) 1.1x, 2x4x96^3 1.0x, 1x6x80^3 1.0x, and smaller items lost
-# (1x4x64^3 0.83x, 8x4x32^3 0.9x); without the grid test smooth warps lost (2x4x96^3 0.85x,
-# 2x6x64^3 0.88x).  float16/bfloat16 with four channels lost or gained nothing (0.9-1.0x)
-# but at 2x4x96^3 random (1.16x), so they keep the planes.
+# 1.3x.  The gate was 16 MiB while the copy's buffer was allocated afresh by every plain call
+# of that size (then 1x4x96^3 1.1x, 2x4x96^3 1.0x, 1x4x64^3 0.83x, 8x4x32^3 0.9x); since
+# 2fe0e2d plain calls keep it.  Against that gate (36af9f4), with the copy from 1 MiB where
+# each thread runs whole batch items (one thread, or N >= threads): 2x4x96^3 1.52-1.60x (one
+# thread 1.09-1.18x), 4x4x48^3 1.14-1.44x, 2x4x64^3 1.15x, 2x6x64^3 1.01x, 1x4x48^3 at one
+# thread 1.15-1.18x, and 8x4x32^3 (0.5 MiB items, from a 256 KiB gate) 1.00-1.03x (one thread
+# 1.03-1.15x): so from 1 MiB.  Where two threads share one batch item (N = 1), the copy one
+# core writes the other reads back through its caches, and this host measured it at 0.99-1.24x
+# in one run (1x4x48^3 to 1x6x80^3) and at 0.74x (1x4x48^3), 0.88-0.95x (1x4x64^3) in another,
+# so there the 16 MiB gate stays (FEW_FWD_SHARED_MIN_KIB).  Without the grid test smooth warps
+# lost (2x4x96^3 0.85x, 2x6x64^3 0.88x).  float16/bfloat16 with four channels lost or gained
+# nothing (0.9-1.0x) but at 2x4x96^3 random (1.16x), so they keep the planes.
 cdef enum:
-    FEW_FWD_MIN_KIB = 16384
+    FEW_FWD_MIN_KIB = 1024
+    FEW_FWD_SHARED_MIN_KIB = 16384
 
 
 # The AVX2 gather forward maps eight points at once and gathers each channel of each corner;
@@ -276,12 +285,15 @@ cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
 
 
 cdef inline bint few_channels_fwd_rule(int itemsize, Py_ssize_t C, Py_ssize_t item,
-                                       int mode) noexcept nogil:
+                                       int mode, bint whole) noexcept nogil:
     """The forward whose NCDHW input may take the channels-last copy from TRANSPOSE_FEW_MIN_C
     channels (on scattered grids: see FEW_FWD_MIN_KIB): float32 storage (``itemsize`` 4),
-    bilinear, fewer than TRANSPOSE_MIN_C channels, ``item`` elements per batch item."""
+    bilinear, fewer than TRANSPOSE_MIN_C channels, ``item`` elements per batch item, of at
+    least FEW_FWD_MIN_KIB when each thread runs whole batch items (``whole``: one thread, or at
+    least as many batch items as threads), else FEW_FWD_SHARED_MIN_KIB."""
     return (itemsize == 4 and mode == MODE_BILINEAR and TRANSPOSE_FEW_MIN_C <= C < TRANSPOSE_MIN_C
-            and item * itemsize >= <Py_ssize_t>FEW_FWD_MIN_KIB * 1024)
+            and item * itemsize >= 1024 * <Py_ssize_t>(FEW_FWD_MIN_KIB if whole
+                                                       else FEW_FWD_SHARED_MIN_KIB))
 
 
 def few_channels_backward(int itemsize, Py_ssize_t C, int mode, int padding):
@@ -290,9 +302,9 @@ def few_channels_backward(int itemsize, Py_ssize_t C, int mode, int padding):
 
 
 def few_channels_forward(int itemsize, Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W,
-                         int mode):
+                         int mode, bint whole=True):
     """few_channels_fwd_rule, for gs3d._api (``few`` of channels_last_pays for a forward)."""
-    return bool(few_channels_fwd_rule(itemsize, C, D * H * W * C, mode))
+    return bool(few_channels_fwd_rule(itemsize, C, D * H * W * C, mode, whole))
 
 
 def channels_last_pays(Py_ssize_t C, Py_ssize_t D, Py_ssize_t H, Py_ssize_t W, Py_ssize_t P,
@@ -1182,7 +1194,9 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
         if store_t is not float:
             half_rows(g)
     # (see FEW_FWD_MIN_KIB)
-    few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode) and nxcl >= item
+    few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode,
+                                 nthreads == 1 or (g.N >= nthreads and nxcl >= nthreads * item))
+           and nxcl >= item
            and grid_scattered(q, g))
     if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
             and nxcl >= item):

@@ -456,23 +456,31 @@ def test_ncdhw_input_channels_last_in_memory(dtype, n, threads):
 
 @pytest.mark.parametrize("C", [4, 7])
 def test_few_channels_forward_copies_on_scattered_grids(C):
-    """The float32 NCDHW forward of 4-7 channels takes the channels-last copy for a batch item of
-    at least FEW_FWD_MIN_KIB on a scattered (uniformly random) grid, and reads the channel
-    planes in place on a smooth one: the bits of the NDHWC layout either way, at 1 and 2
-    threads, right against the reference (and PyTorch, whose own float32 error on these
-    volumes comes near the spec's 1e-5: checked at twice that); smaller items never take
-    it."""
+    """The float32 NCDHW forward of 4-7 channels takes the channels-last copy on a scattered
+    (uniformly random) grid for a batch item of at least FEW_FWD_MIN_KIB (1 MiB) where each
+    thread runs whole batch items (one thread, or N >= threads), of at least
+    FEW_FWD_SHARED_MIN_KIB (16 MiB) where threads share one; it reads the channel planes in
+    place on a smooth grid and on smaller items.  The bits of the NDHWC layout either way, at 1
+    and 2 threads, right against the reference (and PyTorch, whose own float32 error on these
+    volumes comes near the spec's 1e-5: checked at twice that)."""
     rng = np.random.default_rng(70 + C)
-    D, H, W = 64, 128, 128 if C == 4 else 80         # >= 16 MiB per item either way
-    x = rng.standard_normal((1, C, D, H, W)).astype(np.float32)
-    assert x.nbytes >= 16 << 20
+    D, H, W = 32, 64, 64 if C == 4 else 40           # 2 MiB, 2.2 MiB per item
+    x = rng.standard_normal((2, C, D, H, W)).astype(np.float32)
+    assert x[0].nbytes >= 2 << 20
     lin = np.linspace(-0.9, 0.9, 64)
     smooth = np.stack(np.meshgrid(lin, lin, lin, indexing="ij")[::-1], axis=-1)[None]
-    grids = {"random": rng.uniform(-1.1, 1.1, (1, 64, 64, 64, 3)),
+    smooth = np.concatenate([smooth, smooth[:, ::-1]])
+    grids = {"random": rng.uniform(-1.1, 1.1, (2, 64, 64, 64, 3)),
              "smooth": smooth + 0.01 * rng.standard_normal(smooth.shape)}
     rule, bilinear = _api._kernels.few_channels_forward, _api.MODES["bilinear"]
     assert rule(4, C, D, H, W, bilinear) and not rule(4, C, D, H, W, _api.MODES["nearest"])
-    assert not rule(4, C, D // 2, H, W, bilinear) and not rule(2, C, D, H, W, bilinear)
+    assert not rule(2, C, D, H, W, bilinear) and not rule(4, C, D, H, W, bilinear, False)
+    # the gates: 1 MiB per batch item (4 channels of 64 x 64 x 16, or 7 of 32 x 32 x 37), and
+    # 16 MiB (4 channels of 128 x 128 x 64) where threads share one
+    assert rule(4, 4, 16, 64, 64, bilinear) and not rule(4, 4, 15, 64, 64, bilinear)
+    assert rule(4, 7, 37, 32, 32, bilinear) and not rule(4, 7, 36, 32, 32, bilinear)
+    assert rule(4, 4, 64, 128, 128, bilinear, False)
+    assert not rule(4, 4, 63, 128, 128, bilinear, False)
     try:
         import torch
     except ImportError:
@@ -486,12 +494,19 @@ def test_few_channels_forward_copies_on_scattered_grids(C):
             tw = torch.nn.functional.grid_sample(torch.from_numpy(x), torch.from_numpy(q),
                                                  align_corners=False).numpy()
             assert rel_err(want, tw) <= 2 * TOLERANCE["float32"]
-        for nt in (1, 2):
-            plan = gs3d.plan_forward(x.shape, q.shape, np.float32, num_threads=nt)
+        # (batch items, threads): one thread, or a whole item per thread, copy; two threads
+        # sharing one item of 2 MiB do not
+        for n, nt in ((1, 1), (2, 1), (2, 2), (1, 2)):
+            plan = gs3d.plan_forward(x[:n].shape, q[:n].shape, np.float32, num_threads=nt)
             xcl = plan._res.xcl
-            assert xcl.size == x.size
+            copies = n >= nt
+            assert xcl.size == (x[0].size * nt if copies else 1)
             xcl[...] = np.nan
-            assert same(plan(x, q), want), (kind, nt)
-            # the copy is in the plan's buffer after a scattered grid only
-            assert same(xcl, cl(x).ravel()) == (kind == "random"), (kind, nt)
-            assert np.isnan(xcl).all() == (kind == "smooth"), (kind, nt)
+            assert same(plan(x[:n], q[:n]), want[:n]), (kind, n, nt)
+            # the copy is in the plan's buffer after a scattered grid only: the last batch
+            # item's, or with one item per thread each thread's (in either order)
+            if copies:
+                parts = sorted(bytes(p.view(np.uint8)) for p in np.split(xcl, nt))
+                last = sorted(bytes(cl(x[k:k + 1]).view(np.uint8)) for k in range(n - nt, n))
+                assert (parts == last) == (kind == "random"), (kind, n, nt)
+                assert np.isnan(xcl).all() == (kind == "smooth"), (kind, n, nt)
