@@ -1184,7 +1184,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     C + STAGE values; ``tiles`` one per thread; ``xcl`` of ``nxcl`` elements."""
     cdef Geo gT
     cdef Py_ssize_t P, per_n, nchunks, ci, n, z, item
-    cdef bint few
+    cdef bint few, items_per_thread
     P = g.Do * g.Ho * g.Wo
     per_n = (P + TILE - 1) // TILE
     nchunks = g.N * per_n
@@ -1193,9 +1193,11 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
         enable_simd_gather(g)
         if store_t is not float:
             half_rows(g)
+    # several threads, each on whole batch items in its own copy (see below)
+    items_per_thread = nthreads > 1 and g.N >= nthreads and nxcl >= nthreads * item
     # (see FEW_FWD_MIN_KIB)
     few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode,
-                                 nthreads == 1 or (g.N >= nthreads and nxcl >= nthreads * item))
+                                 nthreads == 1 or items_per_thread)
            and nxcl >= item
            and grid_scattered(q, g))
     if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
@@ -1207,7 +1209,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
             enable_simd_gather(&gT)
             if store_t is not float:
                 half_rows(&gT)
-        if nthreads > 1 and g.N >= nthreads and nxcl >= nthreads * item:
+        if items_per_thread:
             # at least as many batch items as threads: whole items per thread, each copied
             # into the thread's own part of xcl, so that no thread reads lines another
             # thread's core has just written (on random grids every tile reads the whole
@@ -2516,7 +2518,6 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
     cdef const Py_ssize_t* ast
     P = g.Do * g.Ho * g.Wo
     item = g.D * g.H * g.W * g.C      # elements of one batch item of the input
-    g.lead_row = lead_row(q, g)
     # the channels-last path, when it pays and its buffers are there
     dims[0], dims[1], dims[2], dims[3] = g.D, g.H, g.W, g.C
     # the strides of a contiguous (D, H, W, C) batch item (Acl; the channels-last
@@ -2570,6 +2571,8 @@ cdef void backward_run(const store_t* grad, const store_t* x, const store_t* q, 
                    and int32_offsets(gp, &gp.xs[1]))
         if gp.rows and want_dx:
             gp.rows_dx = int32_offsets(g, As)
+        if gp.rows and not gp.prefetch_bwd:
+            gp.lead_row = lead_row(q, gp)     # (the one row it prefetches under the gate)
     ntiles = (P + TILE - 1) // TILE
     A = NULL
     tiles = <Tile*>&workspace[0]
