@@ -916,7 +916,9 @@ cdef extern from *:
                 if ((rows || rows4) && rlen <= 512)
                     gs3d_prefetch_rows8(x, 4, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
                 else
-                    gs3d_prefetch_corner_rows8(x, B->base, (1u << k) - 1, sy, sz);
+                    /* every channel plane (NCDHW); channels at step 1 share lines */
+                    gs3d_prefetch_corner_rows8c(x, B->base, (1u << k) - 1, sy, sz, xc,
+                                                xc == 1 ? 1 : C);
             }
             for (b = 0; b < nb; b++) {
                 const gs3d_block8* B = &blk[b];

@@ -10,6 +10,7 @@ from ._kernels import (
     cpu_has_avx512 as cpu_has_avx512,
     few_channels_backward as few_channels_backward,
     few_channels_forward as few_channels_forward,
+    forward_prefetches as forward_prefetches,
     forward as forward,
     max_threads as max_threads,
     openmp_enabled as openmp_enabled,

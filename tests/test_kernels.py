@@ -12,7 +12,7 @@ import gs3d
 from gs3d import reference as ref
 
 from conftest import (DTYPES, LAYOUTS, MODES, PADDINGS, TOLERANCE, check_by_finite_differences,
-                      from_layout, np_dtype, rel_err, to_layout)
+                      from_layout, kernel_modules, np_dtype, rel_err, to_layout)
 
 WORKED = dict(
     x=np.arange(1, 10).reshape(1, 1, 1, 3, 3),
@@ -286,6 +286,61 @@ def test_prefetching_inputs_against_torch():
         assert rel_err(from_layout(out, "NDHWC"), want_out) <= tol
         assert rel_err(from_layout(dx, "NDHWC"), want_dx) <= tol
         assert rel_err(dg, want_dg) <= tol
+
+
+def test_forward_prefetch_gates():
+    """The forward prefetches past PREFETCH_FWD_MIN_KIB of batch item (16 MiB at 4 bytes a
+    value), and float32 with at most PREFETCH_FWD_FEW_MAX_C channels also past
+    PREFETCH_FWD_FEW_MIN_KIB (48 MiB) of input, grid and output over the whole call."""
+    for K in kernel_modules(need_simd=False):
+        fp = K.forward_prefetches
+        S, L = 96, 96 ** 3
+        assert fp(4, 2, 4, S, S, S, L)                # 74 MiB call of 13.5 MiB items
+        assert not fp(4, 1, 4, S, S, S, L)            # 37 MiB
+        assert fp(4, 3, 7, 64, 64, 64, 2 ** 18)       # 51 MiB call of 7 MiB items
+        assert not fp(4, 3, 8, 64, 64, 64, 2 ** 18)   # eight channels: the item gate alone
+        assert not fp(8, 2, 4, 64, 64, 64, 2 ** 18)   # float64: 8 MiB items, 176 MiB call
+        assert not fp(2, 4, 4, 96, 96, 96, L)         # 16-bit: 6.75 MiB items at 2 bytes
+        assert fp(8, 1, 4, 84, 84, 84, 1)             # the item gate: 18 MiB of float64
+        assert fp(2, 1, 4, 105, 105, 105, 1)          # 17 MiB at 4 bytes a value
+        assert fp(4, 1, 16, 66, 66, 66, 1) and not fp(4, 1, 16, 64, 64, 64, 1)
+        # the call gate's edge: 48 MiB of input does not pass, 64 points more do
+        assert not fp(4, 12, 4, 64, 64, 64, 0)
+        assert fp(4, 12, 4, 64, 64, 64, 64)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_forward_prefetching_call_against_reference(layout):
+    """Few channels in a call past PREFETCH_FWD_FEW_MIN_KIB, batch items under the item gate:
+    thirteen 4 MiB items, each thread on whole items and both threads on one."""
+    rng = np.random.default_rng(21)
+    N, C, S = 13, 4, 64
+    assert gs3d._kernels.forward_prefetches(4, N, C, S, S, S, 5 * 6 * 7)
+    x = rng.standard_normal((N, C, S, S, S), dtype=np.float32)
+    grid = rng.uniform(-1.05, 1.05, (N, 5, 6, 7, 3)).astype(np.float32)
+    want = ref.grid_sample_3d(x.astype(np.float64), grid.astype(np.float64))
+    xl = to_layout(x, layout)
+    for threads in (1, 2):
+        out = gs3d.grid_sample_3d(xl, grid, layout=layout, num_threads=threads)
+        assert rel_err(from_layout(out, layout), want) <= TOLERANCE["float32"], threads
+    one = gs3d.grid_sample_3d(xl[4:5], grid[4:5], layout=layout, num_threads=2)
+    assert np.array_equal(one, out[4:5])
+
+
+def test_forward_through_a_shared_copy_past_its_prefetch_gate():
+    """NCDHW with eight channels and one batch item on two threads: both read one
+    channels-last copy of 8 MiB, past PREFETCH_FWD_SHARED_MIN_KIB, where the forward
+    prefetches from it.  The copy gives the NDHWC layout's bits."""
+    rng = np.random.default_rng(22)
+    C, S, So = 8, 64, 41                  # So^3 * 4 >= S^3: the channels-last copy pays
+    assert gs3d._kernels.channels_last_pays(C, S, S, S, So ** 3)
+    x = rng.standard_normal((1, C, S, S, S), dtype=np.float32)
+    grid = rng.uniform(-1.05, 1.05, (1, So, So, So, 3)).astype(np.float32)
+    out = gs3d.grid_sample_3d(x, grid, num_threads=2)
+    cl = gs3d.grid_sample_3d(to_layout(x, "NDHWC"), grid, layout="NDHWC", num_threads=1)
+    assert np.array_equal(out, from_layout(cl, "NDHWC"))
+    want = ref.grid_sample_3d(x.astype(np.float64), grid.astype(np.float64))
+    assert rel_err(out, want) <= TOLERANCE["float32"]
 
 
 def test_prefetching_inputs_by_finite_differences():
