@@ -851,6 +851,27 @@ cdef extern from *:
                 dst[l + j * ds] = r[j];
         }
     }
+    /* the same for four channels (sv[l]: point l's four sums) */
+    GS3D_ALWAYS_INLINE void gs3d_runs4(__m128* sv, float* dst, Py_ssize_t ds, int k) {
+        float r[4];
+        int l, j;
+        if (k == 8) {
+            __m128 a0 = sv[0], a1 = sv[1], a2 = sv[2], a3 = sv[3];
+            __m128 b0 = sv[4], b1 = sv[5], b2 = sv[6], b3 = sv[7];
+            _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+            _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
+            _mm256_storeu_ps(dst, _mm256_set_m128(b0, a0));
+            _mm256_storeu_ps(dst + ds, _mm256_set_m128(b1, a1));
+            _mm256_storeu_ps(dst + 2 * ds, _mm256_set_m128(b2, a2));
+            _mm256_storeu_ps(dst + 3 * ds, _mm256_set_m128(b3, a3));
+            return;
+        }
+        for (l = 0; l < k; l++) {
+            _mm_storeu_ps(r, sv[l]);
+            for (j = 0; j < 4; j++)
+                dst[l + j * ds] = r[j];
+        }
+    }
     /* the same into 16-bit channel runs, each value rounded as gs3d_store8_h rounds */
     GS3D_ALWAYS_INLINE void gs3d_runs8h(__m256* sv, uint16_t* dst, Py_ssize_t ds, int k,
                                         int bf) {
@@ -879,7 +900,8 @@ cdef extern from *:
        arithmetic, per channel and corner; sixteen at a time in the AVX-512 build when C is a
        multiple of 16, and without mask tests for a point whose eight corners are all in
        bounds); into NCDHW, eight points' sums are transposed into eight channel runs.  Four
-       channels contiguous in both (``rows4``) take one 128-bit load per corner the same way. */
+       channels contiguous in the input (``rows4``) take one 128-bit load per corner the same
+       way, into NCDHW eight points' sums transposed into four channel runs. */
     GS3D_ALWAYS_INLINE void gs3d_forward_gather_body(const float* x, const uint16_t* xh,
                                      const int xk, Py_ssize_t sx, Py_ssize_t sy,
                                      Py_ssize_t sz, Py_ssize_t W, Py_ssize_t H, Py_ssize_t D,
@@ -895,8 +917,9 @@ cdef extern from *:
         /* channels contiguous in the input and the output (or the output's points at step 1),
            C a multiple of 8 (the only case of 16-bit storage, xk 1 or 2) */
         const int rows = xc == 1 && (oc == 1 || op == 1) && C % 8 == 0;
-        /* four channels contiguous in the input and the output: one 128-bit load per corner */
-        const int rows4 = xk == 0 && xc == 1 && oc == 1 && C == 4;
+        /* four channels contiguous in the input (and the output, or the output's points at
+           step 1): one 128-bit load per corner */
+        const int rows4 = xk == 0 && xc == 1 && (oc == 1 || op == 1) && C == 4;
         /* byte range of a corner row (x0 and x1 with their channels) from x0 */
         const Py_ssize_t rlo = sx < 0 ? 4 * sx : 0, rlen = 4 * ((sx < 0 ? -sx : sx) + C);
         __m256 s, v, mv[3];
@@ -945,6 +968,7 @@ cdef extern from *:
                         all &= mb[j];
                     }
                     if (rows4) {
+                        __m128 s4l[8];
                         for (l = 0; l < k; l++) {
                             __m128 s4 = _mm_setzero_ps();
                             if ((all >> l) & 1) {
@@ -957,8 +981,13 @@ cdef extern from *:
                                         s4 = _mm_add_ps(s4, _mm_mul_ps(_mm_set1_ps(wl[j][l]),
                                                                        _mm_loadu_ps(x + ol[j][l])));
                             }
-                            _mm_storeu_ps(out + (p + l) * op, s4);
+                            if (oc == 1)
+                                _mm_storeu_ps(out + (p + l) * op, s4);
+                            else
+                                s4l[l] = s4;
                         }
+                        if (oc != 1)
+                            gs3d_runs4(s4l, out + p, oc, k);
                         continue;
                     }
     #if defined(__AVX512F__) && defined(__AVX512DQ__)

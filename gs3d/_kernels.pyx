@@ -209,15 +209,15 @@ cdef enum:
     TRANSPOSE_FEW_MIN_C = 4
     TRANSPOSE_MIN_FILL = 4
 
-# The float32 bilinear forward of 4-7 channels reads the channel planes in place (the gather
-# forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most sampled tiles span
-# more depth planes than ROWS_MAX_PLANES) of a batch item of at least FEW_FWD_MIN_KIB, where
-# it takes the channels-last copy: there each corner's C planes cost C misses (and C pages)
-# where the copy's cost one.  In-process A/B, 2 threads, uniformly random grids: 1x4x128^3
-# 2.3-2.4x faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x, 1x4x112^3 1.7x, 1x6x96^3
-# 1.3x.  The gate was 16 MiB while the copy's buffer was allocated afresh by every plain call
-# of that size (then 1x4x96^3 1.1x, 2x4x96^3 1.0x, 1x4x64^3 0.83x, 8x4x32^3 0.9x); since
-# 2fe0e2d plain calls keep it.  Against that gate (36af9f4), with the copy from 1 MiB where
+# The float32 bilinear forward of 5-7 channels (four: see below) reads the channel planes in
+# place (the gather forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most
+# sampled tiles span more depth planes than ROWS_MAX_PLANES) of a batch item of at least
+# FEW_FWD_MIN_KIB, where it takes the channels-last copy: there each corner's C planes cost C
+# misses (and C pages) where the copy's cost one.  In-process A/B, 2 threads, uniformly random
+# grids: 1x4x128^3 2.3-2.4x faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x,
+# 1x4x112^3 1.7x, 1x6x96^3 1.3x.  The gate was 16 MiB while the copy's buffer was allocated
+# afresh by every plain call of that size (then 1x4x96^3 1.1x, 2x4x96^3 1.0x, 1x4x64^3 0.83x,
+# 8x4x32^3 0.9x); since 2fe0e2d plain calls keep it.  Against that gate (36af9f4), with the copy from 1 MiB where
 # each thread runs whole batch items (one thread, or N >= threads): 2x4x96^3 1.52-1.60x (one
 # thread 1.09-1.18x), 4x4x48^3 1.14-1.44x, 2x4x64^3 1.15x, 2x6x64^3 1.01x, 1x4x48^3 at one
 # thread 1.15-1.18x, and 8x4x32^3 (0.5 MiB items, from a 256 KiB gate) 1.00-1.03x (one thread
@@ -227,9 +227,21 @@ cdef enum:
 # so there the 16 MiB gate stays (FEW_FWD_SHARED_MIN_KIB).  Without the grid test smooth warps
 # lost (2x4x96^3 0.85x, 2x6x64^3 0.88x).  float16/bfloat16 with four channels lost or gained
 # nothing (0.9-1.0x) but at 2x4x96^3 random (1.16x), so they keep the planes.
+# Four channels (FEW_FWD_ROWS_C): since the gather forward reads a channels-last copy of four
+# channels into NCDHW output with one 128-bit load per corner (rows4, was eight gathers per
+# channel), against the same code with the gathers (dfe24d5), in-process A/B, 2 threads:
+# random 2x4x96^3 1.72x, 2x4x64^3 1.34x, 1x4x128^3 2.15x.  Smooth grids then gain from the copy
+# too (2x4x96^3 1.43-1.50x, 4x4x64^3 1.26x, 2x4x48^3 1.20x, one thread 1x4x64^3 1.25x,
+# 1x4x96^3 1.40x), so four channels take it on any grid; 5-7 (read with gathers) still lose
+# on smooth grids (2x5x64^3 0.87x, 2x6x64^3 0.81x, 2x7x64^3 0.89x).  Where two threads share
+# one batch item, four channels take it from FEW_FWD_SHARED_ROWS_MIN_KIB: 1x4x64^3 (4 MiB)
+# random 0.99-1.42x, smooth 1.12-1.34x, 1x4x96^3 random 2.12x, smooth 1.51x; 1x4x48^3 (1.7 MiB)
+# random 0.84-0.88x; six channels lost there (1x6x64^3 random 0.85-0.94x).
 cdef enum:
     FEW_FWD_MIN_KIB = 1024
     FEW_FWD_SHARED_MIN_KIB = 16384
+    FEW_FWD_ROWS_C = 4
+    FEW_FWD_SHARED_ROWS_MIN_KIB = 4096
 
 
 # The AVX2 gather forward maps eight points at once and gathers each channel of each corner;
@@ -311,13 +323,17 @@ cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
 cdef inline bint few_channels_fwd_rule(int itemsize, Py_ssize_t C, Py_ssize_t item,
                                        int mode, bint whole) noexcept nogil:
     """The forward whose NCDHW input may take the channels-last copy from TRANSPOSE_FEW_MIN_C
-    channels (on scattered grids: see FEW_FWD_MIN_KIB): float32 storage (``itemsize`` 4),
-    bilinear, fewer than TRANSPOSE_MIN_C channels, ``item`` elements per batch item, of at
-    least FEW_FWD_MIN_KIB when each thread runs whole batch items (``whole``: one thread, or at
-    least as many batch items as threads), else FEW_FWD_SHARED_MIN_KIB."""
+    channels (on any grid with FEW_FWD_ROWS_C channels, else on scattered grids: see
+    FEW_FWD_MIN_KIB): float32 storage (``itemsize`` 4), bilinear, fewer than TRANSPOSE_MIN_C
+    channels, ``item`` elements per batch item, of at least FEW_FWD_MIN_KIB when each thread
+    runs whole batch items (``whole``: one thread, or at least as many batch items as
+    threads), else FEW_FWD_SHARED_ROWS_MIN_KIB with FEW_FWD_ROWS_C channels and
+    FEW_FWD_SHARED_MIN_KIB with more."""
+    cdef Py_ssize_t kib = (FEW_FWD_MIN_KIB if whole
+                           else FEW_FWD_SHARED_ROWS_MIN_KIB if C == FEW_FWD_ROWS_C
+                           else FEW_FWD_SHARED_MIN_KIB)
     return (itemsize == 4 and mode == MODE_BILINEAR and TRANSPOSE_FEW_MIN_C <= C < TRANSPOSE_MIN_C
-            and item * itemsize >= 1024 * <Py_ssize_t>(FEW_FWD_MIN_KIB if whole
-                                                       else FEW_FWD_SHARED_MIN_KIB))
+            and item * itemsize >= 1024 * kib)
 
 
 def few_channels_backward(int itemsize, Py_ssize_t C, int mode, int padding):
@@ -1241,7 +1257,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode,
                                  nthreads == 1 or items_per_thread)
            and nxcl >= item
-           and grid_scattered(q, g))
+           and (g.C == FEW_FWD_ROWS_C or grid_scattered(q, g)))
     if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
             and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the

@@ -455,14 +455,15 @@ def test_ncdhw_input_channels_last_in_memory(dtype, n, threads):
 
 
 @pytest.mark.parametrize("C", [4, 7])
-def test_few_channels_forward_copies_on_scattered_grids(C):
+def test_few_channels_forward_copy_gates(C):
     """The float32 NCDHW forward of 4-7 channels takes the channels-last copy on a scattered
-    (uniformly random) grid for a batch item of at least FEW_FWD_MIN_KIB (1 MiB) where each
-    thread runs whole batch items (one thread, or N >= threads), of at least
-    FEW_FWD_SHARED_MIN_KIB (16 MiB) where threads share one; it reads the channel planes in
-    place on a smooth grid and on smaller items.  The bits of the NDHWC layout either way, at 1
-    and 2 threads, right against the reference (and PyTorch, whose own float32 error on these
-    volumes comes near the spec's 1e-5: checked at twice that)."""
+    (uniformly random) grid, and with four channels (FEW_FWD_ROWS_C) on any grid, for a batch
+    item of at least FEW_FWD_MIN_KIB (1 MiB) where each thread runs whole batch items (one
+    thread, or N >= threads), of at least FEW_FWD_SHARED_ROWS_MIN_KIB (4 MiB, four channels)
+    or FEW_FWD_SHARED_MIN_KIB (16 MiB) where threads share one; it reads the channel planes in
+    place on a smooth grid with 5-7 channels and on smaller items.  The bits of the NDHWC
+    layout either way, at 1 and 2 threads, right against the reference (and PyTorch, whose own
+    float32 error on these volumes comes near the spec's 1e-5: checked at twice that)."""
     rng = np.random.default_rng(70 + C)
     D, H, W = 32, 64, 64 if C == 4 else 40           # 2 MiB, 2.2 MiB per item
     x = rng.standard_normal((2, C, D, H, W)).astype(np.float32)
@@ -476,11 +477,14 @@ def test_few_channels_forward_copies_on_scattered_grids(C):
     assert rule(4, C, D, H, W, bilinear) and not rule(4, C, D, H, W, _api.MODES["nearest"])
     assert not rule(2, C, D, H, W, bilinear) and not rule(4, C, D, H, W, bilinear, False)
     # the gates: 1 MiB per batch item (4 channels of 64 x 64 x 16, or 7 of 32 x 32 x 37), and
-    # 16 MiB (4 channels of 128 x 128 x 64) where threads share one
+    # where threads share one 4 MiB with four channels (64 x 64 x 64) and 16 MiB with more
+    # (5 channels of 128 x 64 x 103)
     assert rule(4, 4, 16, 64, 64, bilinear) and not rule(4, 4, 15, 64, 64, bilinear)
     assert rule(4, 7, 37, 32, 32, bilinear) and not rule(4, 7, 36, 32, 32, bilinear)
-    assert rule(4, 4, 64, 128, 128, bilinear, False)
-    assert not rule(4, 4, 63, 128, 128, bilinear, False)
+    assert rule(4, 4, 64, 64, 64, bilinear, False)
+    assert not rule(4, 4, 63, 64, 64, bilinear, False)
+    assert rule(4, 5, 103, 128, 64, bilinear, False)
+    assert not rule(4, 5, 102, 128, 64, bilinear, False)
     try:
         import torch
     except ImportError:
@@ -503,10 +507,39 @@ def test_few_channels_forward_copies_on_scattered_grids(C):
             assert xcl.size == (x[0].size * nt if copies else 1)
             xcl[...] = np.nan
             assert same(plan(x[:n], q[:n]), want[:n]), (kind, n, nt)
-            # the copy is in the plan's buffer after a scattered grid only: the last batch
-            # item's, or with one item per thread each thread's (in either order)
+            # the copy is in the plan's buffer after a scattered grid, and with four channels
+            # after any: the last batch item's, or with one item per thread each thread's (in
+            # either order)
             if copies:
+                took = kind == "random" or C == 4
                 parts = sorted(bytes(p.view(np.uint8)) for p in np.split(xcl, nt))
                 last = sorted(bytes(cl(x[k:k + 1]).view(np.uint8)) for k in range(n - nt, n))
-                assert (parts == last) == (kind == "random"), (kind, n, nt)
-                assert np.isnan(xcl).all() == (kind == "smooth"), (kind, n, nt)
+                assert (parts == last) == took, (kind, n, nt)
+                assert np.isnan(xcl).all() == (not took), (kind, n, nt)
+
+
+def test_four_channel_forward_shares_a_copy_from_4_MiB():
+    """Four channels, one batch item of 4 MiB on two threads (FEW_FWD_SHARED_ROWS_MIN_KIB):
+    both threads read one channels-last copy, on a random grid and a smooth one, into NCDHW
+    output four channel runs at a time (a last block of one point: 41^3 points).  The bits of
+    the NDHWC layout, and of a channels-last view passed as NCDHW (read in place)."""
+    rng = np.random.default_rng(75)
+    C, S, So = 4, 64, 41
+    x = rng.standard_normal((1, C, S, S, S)).astype(np.float32)
+    lin = np.linspace(-0.95, 0.95, So)
+    smooth = np.stack(np.meshgrid(lin, lin, lin, indexing="ij")[::-1], axis=-1)[None]
+    grids = {"random": rng.uniform(-1.1, 1.1, (1, So, So, So, 3)),
+             "smooth": smooth + 0.01 * rng.standard_normal(smooth.shape)}
+    view = np.moveaxis(cl(x), 4, 1)             # NCDHW, channel stride 1
+    for kind, q in grids.items():
+        q = q.astype(np.float32)
+        want = np.moveaxis(gs3d.grid_sample_3d(cl(x), q, layout="NDHWC", num_threads=1), 4, 1)
+        assert rel_err(want, ref.grid_sample_3d(x.astype(np.float64), q.astype(np.float64))) \
+            <= TOLERANCE["float32"]
+        plan = gs3d.plan_forward(x.shape, q.shape, np.float32, num_threads=2)
+        xcl = plan._res.xcl
+        assert xcl.size == x[0].size
+        xcl[...] = np.nan
+        assert same(plan(x, q), want), kind
+        assert same(xcl, cl(x).ravel()), kind
+        assert same(gs3d.grid_sample_3d(view, q, num_threads=2), want), kind
