@@ -209,24 +209,24 @@ cdef enum:
     TRANSPOSE_FEW_MIN_C = 4
     TRANSPOSE_MIN_FILL = 4
 
-# The float32 bilinear forward of 5-7 channels (four: see below) reads the channel planes in
-# place (the gather forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most
-# sampled tiles span more depth planes than ROWS_MAX_PLANES) of a batch item of at least
-# FEW_FWD_MIN_KIB, where it takes the channels-last copy: there each corner's C planes cost C
-# misses (and C pages) where the copy's cost one.  In-process A/B, 2 threads, uniformly random
-# grids: 1x4x128^3 2.3-2.4x faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x,
-# 1x4x112^3 1.7x, 1x6x96^3 1.3x.  The gate was 16 MiB while the copy's buffer was allocated
-# afresh by every plain call of that size (then 1x4x96^3 1.1x, 2x4x96^3 1.0x, 1x4x64^3 0.83x,
-# 8x4x32^3 0.9x); since 2fe0e2d plain calls keep it.  Against that gate (36af9f4), with the copy from 1 MiB where
-# each thread runs whole batch items (one thread, or N >= threads): 2x4x96^3 1.52-1.60x (one
-# thread 1.09-1.18x), 4x4x48^3 1.14-1.44x, 2x4x64^3 1.15x, 2x6x64^3 1.01x, 1x4x48^3 at one
-# thread 1.15-1.18x, and 8x4x32^3 (0.5 MiB items, from a 256 KiB gate) 1.00-1.03x (one thread
-# 1.03-1.15x): so from 1 MiB.  Where two threads share one batch item (N = 1), the copy one
-# core writes the other reads back through its caches, and this host measured it at 0.99-1.24x
-# in one run (1x4x48^3 to 1x6x80^3) and at 0.74x (1x4x48^3), 0.88-0.95x (1x4x64^3) in another,
-# so there the 16 MiB gate stays (FEW_FWD_SHARED_MIN_KIB).  Without the grid test smooth warps
-# lost (2x4x96^3 0.85x, 2x6x64^3 0.88x).  float16/bfloat16 with four channels lost or gained
-# nothing (0.9-1.0x) but at 2x4x96^3 random (1.16x), so they keep the planes.
+# The float32 bilinear forward of 5-7 channels (four: see below) reads the channel planes in place
+# (the gather forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most sampled tiles
+# span more depth planes than ROWS_MAX_PLANES) of a batch item of at least FEW_FWD_MIN_KIB, where
+# it takes the channels-last copy: there each corner's C planes cost C misses (and C pages) where
+# the copy's cost one.  In-process A/B, 2 threads, uniformly random grids: 1x4x128^3 2.3-2.4x
+# faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x, 1x4x112^3 1.7x, 1x6x96^3 1.3x.  The
+# gate was 16 MiB while the copy's buffer was allocated afresh by every plain call of that size
+# (then 1x4x96^3 1.1x, 2x4x96^3 1.0x, 1x4x64^3 0.83x, 8x4x32^3 0.9x); since 2fe0e2d plain calls
+# keep it.  Against that gate (36af9f4), with the copy from 1 MiB where each thread runs whole
+# batch items (one thread, or N >= threads): 2x4x96^3 1.52-1.60x (one thread 1.09-1.18x), 4x4x48^3
+# 1.14-1.44x, 2x4x64^3 1.15x, 2x6x64^3 1.01x, 1x4x48^3 at one thread 1.15-1.18x, and 8x4x32^3 (0.5
+# MiB items, from a 256 KiB gate) 1.00-1.03x (one thread 1.03-1.15x): so from 1 MiB.  Where two
+# threads share one batch item (N = 1), the copy one core writes the other reads back through its
+# caches, and this host measured it at 0.99-1.24x in one run (1x4x48^3 to 1x6x80^3) and at 0.74x
+# (1x4x48^3), 0.88-0.95x (1x4x64^3) in another, so there the 16 MiB gate stays
+# (FEW_FWD_SHARED_MIN_KIB).  Without the grid test smooth warps lost (2x4x96^3 0.85x, 2x6x64^3
+# 0.88x).  float16/bfloat16 with four channels lost or gained nothing (0.9-1.0x) but at 2x4x96^3
+# random (1.16x), so they keep the planes.
 # Four channels (FEW_FWD_ROWS_C): since the gather forward reads a channels-last copy of four
 # channels into NCDHW output with one 128-bit load per corner (rows4, was eight gathers per
 # channel), against the same code with the gathers (dfe24d5), in-process A/B, 2 threads:
