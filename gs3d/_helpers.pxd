@@ -892,7 +892,7 @@ cdef extern from *:
     /* cnt points: coordinates q[p * qp + k * qc] (k = x, y, z), results out[p * op + c * oc];
        the input x (batch item applied) has element strides sx, sy, sz, xc along W, H, D and
        the C channels.  Tiles of 64 points: all blocks mapped first, with a prefetch of each
-       point's four corner rows (of the first channel), then, channel by channel, the gathers,
+       point's four corner rows (in every channel plane), then, channel by channel, the gathers,
        so that the rows have a tile's worth of time to arrive.  With the channels contiguous
        in the input and either contiguous in the output or with the output's points at step 1
        (NCDHW), and C a multiple of 8 (``rows``), the whole corner rows are prefetched and
@@ -939,9 +939,9 @@ cdef extern from *:
                 if ((rows || rows4) && rlen <= 512)
                     gs3d_prefetch_rows8(x, 4, B->base, (1u << k) - 1, sy, sz, rlo, rlen);
                 else
-                    /* every channel plane (NCDHW); channels at step 1 share lines */
+                    /* every channel plane (NCDHW); channels at step +-1 share lines */
                     gs3d_prefetch_corner_rows8c(x, B->base, (1u << k) - 1, sy, sz, xc,
-                                                xc == 1 ? 1 : C);
+                                                xc == 1 || xc == -1 ? 1 : C);
             }
             for (b = 0; b < nb; b++) {
                 const gs3d_block8* B = &blk[b];

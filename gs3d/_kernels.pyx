@@ -136,25 +136,27 @@ cdef enum:
 # 1x16x32^3, 2x16x32^3, 4x8x32^3: 0.77-0.89x), the accumulator's lead row too (the input
 # gradient alone 0.95x), and the same hint in the forward gather (0.81-1.04x).
 # Prefetching never changes a result, only when the lines arrive.
-# The float32 forward with fewer than PREFETCH_FWD_FEW_MAX_C + 1 channels (the gather forward's
-# channel-plane and four-channel branches) also prefetches when the whole call's input, grid
-# and output pass PREFETCH_FWD_FEW_MIN_KIB (1.5x this host's 32 MiB L3): then they cannot stay
-# in the caches from one call to the next, and each point's first read of an input row (the
-# rows of the next depth plane, perf: 45% of the gather forward's samples at 2x4x96^3 smooth,
-# on corners 4 and 6) comes from memory.  In-process A/B against 5ea801d, 2 threads, ratio of
-# times (the spread is the host's state, which moved the same call up to 3.7x): 2x4x96^3
-# (74 MiB) smooth NCDHW 1.08-1.30x, NDHWC 1.28-1.40x, random NCDHW (through the copy)
-# 1.20-1.39x, NDHWC 1.02-2.02x; 1x2x128^3 (56 MiB) smooth NCDHW 1.17-1.43x, random NDHWC 1.73x;
-# 2x1x128^3 (80 MiB) 1.14-1.36x.  Calls under it that lost or gained nothing with the hints:
-# 1x4x96^3 (37 MiB; 2 threads 0.85-0.98x, one thread 0.96-1.19x), 1x1x128^3 (40 MiB,
+# The float32 gather forward (enable_simd_gather; the tile loop keeps the item gate, untimed) with
+# at most PREFETCH_FWD_FEW_MAX_C channels (its channel-plane and four-channel branches) also
+# prefetches when the whole call's input, grid and output pass PREFETCH_FWD_FEW_MIN_KIB
+# (few_call_prefetch_rule; 1.5x this host's 32 MiB L3), whatever its batch items: then they cannot
+# stay in the caches from one call to the next, and each point's first read of an input row (the
+# rows of the next depth plane, perf: 45% of the gather forward's samples at 2x4x96^3 smooth, on
+# corners 4 and 6) comes from memory.  In-process A/B against 5ea801d, 2 threads, ratio of times
+# (the spread is the host's state, which moved the same call up to 3.7x): 2x4x96^3 (74 MiB) smooth
+# NCDHW 1.08-1.30x, NDHWC 1.28-1.47x, random NCDHW (through the copy) 1.20-1.44x, NDHWC
+# 1.02-2.02x; 1x2x128^3 (56 MiB) smooth NCDHW 1.17-1.43x, random NDHWC 1.73x; 2x1x128^3 (80 MiB)
+# 1.14-1.36x; many small items (NDHWC 16x4x48^3, 1.7 MiB items, 1.05-1.20x; 64x4x32^3 1.04-1.06x;
+# 32x2x40^3 1.46x; NCDHW 16x1x64^3 1.22x).  Calls under it that lost or gained nothing with the
+# hints: 1x4x96^3 (37 MiB; 2 threads 0.85-0.98x, one thread 0.96-1.19x), 1x1x128^3 (40 MiB,
 # 0.94-1.04x), 4x4x64^3 (44 MiB, 1.02x), 2x2x96^3 (47 MiB, 0.98x), 1x6x64^3 (15 MiB, 0.82x),
-# 2x4x64^3 (22 MiB, 0.81-0.92x); one that gained, 2x4x80^3 (43 MiB, 1.04-1.23x).  float64
-# (the tile loop) lost at 1x1x128^3 (0.92x) and keeps the item gate alone.  With the channels
-# in planes (NCDHW) every channel's plane is prefetched, not only the first (2x4x96^3 smooth
-# 1.24x against 1.06x; 1x4x128^3, past the item gate, 1.03x).
+# 2x4x64^3 (22 MiB, 0.81-0.92x); one that gained, 2x4x80^3 (43 MiB, 1.04-1.23x).  float64 (the
+# tile loop) lost at 1x1x128^3 (0.92x) and keeps the item gate alone.  With the channels in planes
+# (NCDHW) every channel's plane is prefetched, not only the first (2x4x96^3 smooth 1.24x against
+# 1.06x; 1x4x128^3, past the item gate, 1.03x).
 # Where two or more threads share one batch item's channels-last copy (N below the thread
 # count), one core reads lines the other core wrote, and the float32 forward prefetches from
-# PREFETCH_FWD_SHARED_MIN_KIB of copy: 1x8x64^3 (8 MiB) NCDHW smooth 0.95-1.48x, random
+# PREFETCH_FWD_SHARED_MIN_KIB of copy on: 1x8x64^3 (8 MiB) NCDHW smooth 0.95-1.48x, random
 # 1.11-1.31x, 1x16x64^3 (16 MiB) 1.08-1.37x, 1x32x48^3 (13.5 MiB) 1.05-1.40x; under it
 # 1x16x48^3 (6.75 MiB) 0.85-1.08x, 1x8x48^3 and 1x16x40^3 (3.4-3.9 MiB) 0.84x.
 cdef enum:
@@ -225,18 +227,20 @@ cdef enum:
 # caches, and this host measured it at 0.99-1.24x in one run (1x4x48^3 to 1x6x80^3) and at 0.74x
 # (1x4x48^3), 0.88-0.95x (1x4x64^3) in another, so there the 16 MiB gate stays
 # (FEW_FWD_SHARED_MIN_KIB).  Without the grid test smooth warps lost (2x4x96^3 0.85x, 2x6x64^3
-# 0.88x).  float16/bfloat16 with four channels lost or gained nothing (0.9-1.0x) but at 2x4x96^3
-# random (1.16x), so they keep the planes.
+# 0.88x).  (For four channels these figures predate rows4: see below.)  float16/bfloat16 with four
+# channels lost or gained nothing (0.9-1.0x) but at 2x4x96^3 random (1.16x), so they keep the
+# planes.
 # Four channels (FEW_FWD_ROWS_C): since the gather forward reads a channels-last copy of four
 # channels into NCDHW output with one 128-bit load per corner (rows4, was eight gathers per
-# channel), against the same code with the gathers (dfe24d5), in-process A/B, 2 threads:
-# random 2x4x96^3 1.72x, 2x4x64^3 1.34x, 1x4x128^3 2.15x.  Smooth grids then gain from the copy
-# too (2x4x96^3 1.43-1.50x, 4x4x64^3 1.26x, 2x4x48^3 1.20x, one thread 1x4x64^3 1.25x,
-# 1x4x96^3 1.40x), so four channels take it on any grid; 5-7 (read with gathers) still lose
-# on smooth grids (2x5x64^3 0.87x, 2x6x64^3 0.81x, 2x7x64^3 0.89x).  Where two threads share
-# one batch item, four channels take it from FEW_FWD_SHARED_ROWS_MIN_KIB: 1x4x64^3 (4 MiB)
-# random 0.99-1.42x, smooth 1.12-1.34x, 1x4x96^3 random 2.12x, smooth 1.51x; 1x4x48^3 (1.7 MiB)
-# random 0.84-0.88x; six channels lost there (1x6x64^3 random 0.85-0.94x).
+# channel), against the same code with the gathers (dfe24d5), in-process A/B, 2 threads: random
+# 2x4x96^3 1.72x, 2x4x64^3 1.34x, 1x4x128^3 2.15x.  Smooth grids then gain from the copy too
+# (2x4x96^3 1.43-1.50x, 4x4x64^3 1.26x, 2x4x48^3 1.20x, one thread 1x4x64^3 1.25x, 1x4x96^3
+# 1.40x), so four channels take it on any grid where the gather forward runs (the baseline
+# module's tile loop keeps the grid test: untimed); 5-7 (read with gathers) still lose on smooth
+# grids (2x5x64^3 0.87x, 2x6x64^3 0.81x, 2x7x64^3 0.89x).  Where two threads share one batch item,
+# four channels take it from FEW_FWD_SHARED_ROWS_MIN_KIB: 1x4x64^3 (4 MiB) random 0.99-1.42x,
+# smooth 1.12-1.34x, 1x4x96^3 random 2.12x, smooth 1.51x; 1x4x48^3 (1.7 MiB) random 0.84-0.88x;
+# six channels lost there (1x6x64^3 random 0.85-0.94x).
 cdef enum:
     FEW_FWD_MIN_KIB = 1024
     FEW_FWD_SHARED_MIN_KIB = 16384
@@ -429,22 +433,22 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
     return 0
 
 
-cdef inline bint prefetch_fwd_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t C, Py_ssize_t L,
-                                   Py_ssize_t P) noexcept nogil:
-    """Whether the forward prefetches (N batch items of L voxels and C channels sampled at P
-    points, ``isz``-byte values): a batch item's input past PREFETCH_FWD_MIN_KIB (counted at 4
-    bytes a value for 16-bit storage), or float32 with few channels whose call (input, grid
-    and output) passes PREFETCH_FWD_FEW_MIN_KIB."""
-    if L * C * (isz if isz > 4 else 4) // 1024 > <Py_ssize_t>PREFETCH_FWD_MIN_KIB:
-        return True
+cdef inline bint few_call_prefetch_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t C,
+                                        Py_ssize_t L, Py_ssize_t P) noexcept nogil:
+    """The gather forward's call gate (N batch items of L voxels and C channels sampled at P
+    points, ``isz``-byte values): float32 with at most PREFETCH_FWD_FEW_MAX_C channels whose
+    call (input, grid and output) passes PREFETCH_FWD_FEW_MIN_KIB."""
     return (isz == 4 and C <= PREFETCH_FWD_FEW_MAX_C
             and N * (L * C + P * (3 + C)) * isz // 1024 > <Py_ssize_t>PREFETCH_FWD_FEW_MIN_KIB)
 
 
 def forward_prefetches(int itemsize, Py_ssize_t N, Py_ssize_t C, Py_ssize_t D, Py_ssize_t H,
                        Py_ssize_t W, Py_ssize_t P):
-    """prefetch_fwd_rule, for tests."""
-    return bool(prefetch_fwd_rule(itemsize, N, C, D * H * W, P))
+    """For tests: whether the gather forward (float32 and 16-bit storage where it runs; see
+    enable_simd_gather) prefetches: a batch item's input past PREFETCH_FWD_MIN_KIB (at 4 bytes
+    a value for 16-bit storage), or few_call_prefetch_rule."""
+    return bool(D * H * W * C * max(itemsize, 4) // 1024 > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
+                or few_call_prefetch_rule(itemsize, N, C, D * H * W, P))
 
 
 cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssize_t* qshape,
@@ -468,7 +472,7 @@ cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssiz
         if xshape[k] > 0 and g.xs[k] > 0:
             g.xlast += (xshape[k] - 1) * g.xs[k]
     kib = g.D * g.H * g.W * g.C * (isz if isz > 4 else 4) // 1024
-    g.prefetch_fwd = prefetch_fwd_rule(isz, g.N, g.C, g.D * g.H * g.W, g.Do * g.Ho * g.Wo)
+    g.prefetch_fwd = kib > <Py_ssize_t>PREFETCH_FWD_MIN_KIB   # (forward_run may add more)
     g.prefetch_bwd = kib > <Py_ssize_t>(PREFETCH_BWD_MIN_KIB_F64 if isz == 8
                                         else PREFETCH_BWD_MIN_KIB)
     g.qp = g.op = g.dp = 0
@@ -1251,13 +1255,18 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
         enable_simd_gather(g)
         if store_t is not float:
             half_rows(g)
+    if store_t is float:
+        # the gather forward's call gate (the tile loop keeps the item gate: untimed)
+        if g.simd_gather and few_call_prefetch_rule(sizeof(store_t), g.N, g.C,
+                                                    g.D * g.H * g.W, P):
+            g.prefetch_fwd = True
     # several threads, each on whole batch items in its own copy (see below)
     items_per_thread = nthreads > 1 and g.N >= nthreads and nxcl >= nthreads * item
     # (see FEW_FWD_MIN_KIB)
     few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode,
                                  nthreads == 1 or items_per_thread)
            and nxcl >= item
-           and (g.C == FEW_FWD_ROWS_C or grid_scattered(q, g)))
+           and ((g.C == FEW_FWD_ROWS_C and g.simd_gather) or grid_scattered(q, g)))
     if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
             and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
@@ -1279,7 +1288,8 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
                              &xcl[threadid() * item], n, per_n, staged)
             return
         if (store_t is float and nthreads > 1
-                and item * sizeof(store_t) > 1024 * <Py_ssize_t>PREFETCH_FWD_SHARED_MIN_KIB):
+                and item * <Py_ssize_t>sizeof(store_t)
+                >= 1024 * <Py_ssize_t>PREFETCH_FWD_SHARED_MIN_KIB):
             # threads sharing one copy (see PREFETCH_FWD_SHARED_MIN_KIB)
             gT.prefetch_fwd = True
         for n in range(g.N):

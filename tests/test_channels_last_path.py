@@ -457,11 +457,12 @@ def test_ncdhw_input_channels_last_in_memory(dtype, n, threads):
 @pytest.mark.parametrize("C", [4, 7])
 def test_few_channels_forward_copy_gates(C):
     """The float32 NCDHW forward of 4-7 channels takes the channels-last copy on a scattered
-    (uniformly random) grid, and with four channels (FEW_FWD_ROWS_C) on any grid, for a batch
-    item of at least FEW_FWD_MIN_KIB (1 MiB) where each thread runs whole batch items (one
-    thread, or N >= threads), of at least FEW_FWD_SHARED_ROWS_MIN_KIB (4 MiB, four channels)
-    or FEW_FWD_SHARED_MIN_KIB (16 MiB) where threads share one; it reads the channel planes in
-    place on a smooth grid with 5-7 channels and on smaller items.  The bits of the NDHWC
+    (uniformly random) grid, and with four channels (FEW_FWD_ROWS_C) on any grid where the
+    SIMD kernels run, for a batch item of at least FEW_FWD_MIN_KIB (1 MiB) where each thread
+    runs whole batch items (one thread, or N >= threads), of at least
+    FEW_FWD_SHARED_ROWS_MIN_KIB (4 MiB, four channels) or FEW_FWD_SHARED_MIN_KIB (16 MiB)
+    where threads share one; it reads the channel planes in place on a smooth grid with 5-7
+    channels (and in the baseline module with 4) and on smaller items.  The bits of the NDHWC
     layout either way, at 1 and 2 threads, right against the reference (and PyTorch, whose own
     float32 error on these volumes comes near the spec's 1e-5: checked at twice that)."""
     rng = np.random.default_rng(70 + C)
@@ -511,7 +512,7 @@ def test_few_channels_forward_copy_gates(C):
             # after any: the last batch item's, or with one item per thread each thread's (in
             # either order)
             if copies:
-                took = kind == "random" or C == 4
+                took = kind == "random" or (C == 4 and _api.SIMD_LEVEL != "baseline")
                 parts = sorted(bytes(p.view(np.uint8)) for p in np.split(xcl, nt))
                 last = sorted(bytes(cl(x[k:k + 1]).view(np.uint8)) for k in range(n - nt, n))
                 assert (parts == last) == took, (kind, n, nt)
@@ -541,5 +542,9 @@ def test_four_channel_forward_shares_a_copy_from_4_MiB():
         assert xcl.size == x[0].size
         xcl[...] = np.nan
         assert same(plan(x, q), want), kind
-        assert same(xcl, cl(x).ravel()), kind
+        # (the baseline module reads the planes of a smooth grid)
+        if kind == "random" or _api.SIMD_LEVEL != "baseline":
+            assert same(xcl, cl(x).ravel()), kind
+        else:
+            assert np.isnan(xcl).all()
         assert same(gs3d.grid_sample_3d(view, q, num_threads=2), want), kind

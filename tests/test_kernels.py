@@ -299,12 +299,14 @@ def test_forward_prefetch_gates():
         assert not fp(4, 1, 4, S, S, S, L)            # 37 MiB
         assert fp(4, 3, 7, 64, 64, 64, 2 ** 18)       # 51 MiB call of 7 MiB items
         assert not fp(4, 3, 8, 64, 64, 64, 2 ** 18)   # eight channels: the item gate alone
-        assert not fp(8, 2, 4, 64, 64, 64, 2 ** 18)   # float64: 8 MiB items, 176 MiB call
-        assert not fp(2, 4, 4, 96, 96, 96, L)         # 16-bit: 6.75 MiB items at 2 bytes
+        assert not fp(8, 3, 4, 64, 64, 64, 2 ** 18)   # float64: 8 MiB items, 66 MiB call
+        assert not fp(2, 4, 4, 96, 96, 96, L)         # 16-bit: 13.5 MiB items at 4 bytes, 74 MiB
+        assert fp(4, 5, 4, 64, 64, 64, 2 ** 18)       # float32: 4 MiB items, 55 MiB call
         assert fp(8, 1, 4, 84, 84, 84, 1)             # the item gate: 18 MiB of float64
         assert fp(2, 1, 4, 105, 105, 105, 1)          # 17 MiB at 4 bytes a value
         assert fp(4, 1, 16, 66, 66, 66, 1) and not fp(4, 1, 16, 64, 64, 64, 1)
-        # the call gate's edge: 48 MiB of input does not pass, 64 points more do
+        # the call gate's edge: 48 MiB of input does not pass, with 64 points (7 KiB) more it
+        # does
         assert not fp(4, 12, 4, 64, 64, 64, 0)
         assert fp(4, 12, 4, 64, 64, 64, 64)
 
@@ -312,7 +314,8 @@ def test_forward_prefetch_gates():
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_forward_prefetching_call_against_reference(layout):
     """Few channels in a call past PREFETCH_FWD_FEW_MIN_KIB, batch items under the item gate:
-    thirteen 4 MiB items, each thread on whole items and both threads on one."""
+    thirteen 4 MiB items (few points: no channels-last copy), at one and two threads; one of
+    them alone (a 4 MiB call, under both gates: no hints) gives the same bits."""
     rng = np.random.default_rng(21)
     N, C, S = 13, 4, 64
     assert gs3d._kernels.forward_prefetches(4, N, C, S, S, S, 5 * 6 * 7)
@@ -336,7 +339,9 @@ def test_forward_through_a_shared_copy_past_its_prefetch_gate():
     assert gs3d._kernels.channels_last_pays(C, S, S, S, So ** 3)
     x = rng.standard_normal((1, C, S, S, S), dtype=np.float32)
     grid = rng.uniform(-1.05, 1.05, (1, So, So, So, 3)).astype(np.float32)
-    out = gs3d.grid_sample_3d(x, grid, num_threads=2)
+    plan = gs3d.plan_forward(x.shape, grid.shape, np.float32, num_threads=2)
+    assert plan._res.xcl.size == x[0].size          # the copy both threads read
+    out = plan(x, grid)
     cl = gs3d.grid_sample_3d(to_layout(x, "NDHWC"), grid, layout="NDHWC", num_threads=1)
     assert np.array_equal(out, from_layout(cl, "NDHWC"))
     want = ref.grid_sample_3d(x.astype(np.float64), grid.astype(np.float64))
