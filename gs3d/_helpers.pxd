@@ -851,19 +851,27 @@ cdef extern from *:
                 dst[l + j * ds] = r[j];
         }
     }
-    /* the same for four channels (sv[l]: point l's four sums) */
+    /* eight points' four channels (r[l]: point l's) as four channel vectors (v[c]: channel
+       c of the eight points) */
+    GS3D_ALWAYS_INLINE void gs3d_channels4x8(const __m128* r, __m256* v) {
+        __m128 a0 = r[0], a1 = r[1], a2 = r[2], a3 = r[3];
+        __m128 b0 = r[4], b1 = r[5], b2 = r[6], b3 = r[7];
+        _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+        _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
+        v[0] = _mm256_set_m128(b0, a0);
+        v[1] = _mm256_set_m128(b1, a1);
+        v[2] = _mm256_set_m128(b2, a2);
+        v[3] = _mm256_set_m128(b3, a3);
+    }
+    /* the same as gs3d_runs8 for four channels (sv[l]: point l's four sums) */
     GS3D_ALWAYS_INLINE void gs3d_runs4(__m128* sv, float* dst, Py_ssize_t ds, int k) {
         float r[4];
+        __m256 v[4];
         int l, j;
         if (k == 8) {
-            __m128 a0 = sv[0], a1 = sv[1], a2 = sv[2], a3 = sv[3];
-            __m128 b0 = sv[4], b1 = sv[5], b2 = sv[6], b3 = sv[7];
-            _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
-            _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
-            _mm256_storeu_ps(dst, _mm256_set_m128(b0, a0));
-            _mm256_storeu_ps(dst + ds, _mm256_set_m128(b1, a1));
-            _mm256_storeu_ps(dst + 2 * ds, _mm256_set_m128(b2, a2));
-            _mm256_storeu_ps(dst + 3 * ds, _mm256_set_m128(b3, a3));
+            gs3d_channels4x8(sv, v);
+            for (j = 0; j < 4; j++)
+                _mm256_storeu_ps(dst + j * ds, v[j]);
             return;
         }
         for (l = 0; l < k; l++) {
@@ -1416,17 +1424,16 @@ cdef extern from *:
                                channel vectors the gathers give */
                             int ol[8];
                             __m128 r[8];
+                            __m256 v4[4];
                             const unsigned mb = (unsigned)_mm256_movemask_ps(
                                 _mm256_castsi256_ps(mg)) & ((1u << k) - 1);
                             _mm256_storeu_si256((__m256i*)ol, off);
                             for (l = 0; l < 8; l++)
                                 r[l] = (mb >> l) & 1 ? _mm_loadu_ps(a->x + ol[l])
                                                      : _mm_setzero_ps();
-                            _MM_TRANSPOSE4_PS(r[0], r[1], r[2], r[3]);
-                            _MM_TRANSPOSE4_PS(r[4], r[5], r[6], r[7]);
+                            gs3d_channels4x8(r, v4);
                             for (c = 0; c < C; c++)
-                                acc = _mm256_add_ps(acc, _mm256_mul_ps(
-                                    g[c], _mm256_set_m128(r[4 + c], r[c])));
+                                acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], v4[c]));
                         } else {
                             for (c = 0; c < C; c++) {
                                 v = gs3d_gather8(h ? NULL : a->x + c * a->xc,

@@ -444,12 +444,18 @@ cdef inline bint few_call_prefetch_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t
             and N * (L * C + P * (3 + C)) * isz // 1024 > <Py_ssize_t>PREFETCH_FWD_FEW_MIN_KIB)
 
 
+cdef inline Py_ssize_t item_kib(Py_ssize_t values, Py_ssize_t isz) noexcept nogil:
+    """KiB of a batch item of ``values`` values of ``isz`` bytes as the prefetch gates count
+    them: 16-bit storage at 4 bytes a value (its compute type, float32)."""
+    return values * (isz if isz > 4 else 4) // 1024
+
+
 def forward_prefetches(int itemsize, Py_ssize_t N, Py_ssize_t C, Py_ssize_t D, Py_ssize_t H,
                        Py_ssize_t W, Py_ssize_t P):
     """For tests: whether the gather forward (float32 and 16-bit storage where it runs; see
-    enable_simd_gather) prefetches: a batch item's input past PREFETCH_FWD_MIN_KIB (at 4 bytes
-    a value for 16-bit storage), or few_call_prefetch_rule."""
-    return bool(D * H * W * C * max(itemsize, 4) // 1024 > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
+    enable_simd_gather) prefetches: a batch item's input past PREFETCH_FWD_MIN_KIB (item_kib),
+    or few_call_prefetch_rule."""
+    return bool(item_kib(D * H * W * C, itemsize) > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
                 or few_call_prefetch_rule(itemsize, N, C, D * H * W, P))
 
 
@@ -473,7 +479,7 @@ cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssiz
     for k in range(5):
         if xshape[k] > 0 and g.xs[k] > 0:
             g.xlast += (xshape[k] - 1) * g.xs[k]
-    kib = g.D * g.H * g.W * g.C * (isz if isz > 4 else 4) // 1024
+    kib = item_kib(g.D * g.H * g.W * g.C, isz)
     g.prefetch_fwd = kib > <Py_ssize_t>PREFETCH_FWD_MIN_KIB   # (forward_run may add more)
     g.prefetch_bwd = kib > <Py_ssize_t>(PREFETCH_BWD_MIN_KIB_F64 if isz == 8
                                         else PREFETCH_BWD_MIN_KIB)
