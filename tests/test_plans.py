@@ -692,6 +692,51 @@ def test_float32_forward_strides_agree_across_builds(variant, C):
             assert r is out            # written in place, not through a copy
 
 
+@pytest.mark.parametrize("view", ["contiguous", "x_reversed", "x_strided"])
+@pytest.mark.parametrize("C", [1, 3])
+def test_float32_forward_pair_reads_agree_across_builds(view, C):
+    """The gather forward reads the two x corners of a row with one 64-bit gather lane per
+    point (gs3d_gather_pairs8) where the input's rows are at step 1 and no point of a block
+    of eight has one x corner in bounds and the other out.  Blocks of interior points (the
+    pairs), blocks with a point at x0 = -1 or x0 = W - 1 (one corner in: eight single
+    gathers), points wholly outside along x, outside along y or z only, NaN, a pair ending
+    at the array's last element, and a tail of five points: every build gives the same bits
+    and the float64 reference's values; a reversed or strided x axis (no pairs) too."""
+    from gs3d import reference
+    rng = np.random.default_rng(31 + C)
+    D, H, W = 5, 6, 20
+    if view == "contiguous":
+        x = rng.standard_normal((1, C, D, H, W)).astype(np.float32)
+    elif view == "x_reversed":
+        x = rng.standard_normal((1, C, D, H, W)).astype(np.float32)[..., ::-1]
+    else:
+        x = rng.standard_normal((1, C, D, H, 2 * W)).astype(np.float32)[..., ::2]
+    n = 8 * 12 + 5
+    u = rng.uniform(0.0, W - 1.0, n)           # x index coordinates: both corners in
+    v = rng.uniform(0.0, H - 1.0, n)
+    w = rng.uniform(0.0, D - 1.0, n)
+    u[8 + 3] = -0.5                            # block 1: x0 = -1, one corner in
+    u[16 + 6] = W - 0.75                       # block 2: x0 = W - 1
+    u[24:32:2] = -3.0                          # block 3: both x corners out (pairs kept)
+    v[32 + 1] = -4.0                           # block 4: out along y only
+    w[32 + 5] = D + 2.0                        #          and along z only
+    u[40 + 2] = np.nan                         # block 5: NaN
+    u[48:56], v[48:56], w[48:56] = W - 1.5, H - 1.0, D - 1.0   # block 6: the array's end
+    u[56 + 7], v[56 + 7], w[56 + 7] = W - 1.0, H - 1.0, D - 1.0  # its last element alone
+    u[-2] = W - 0.5                            # the tail: x0 = W - 1
+    q = np.stack([(2 * u + 1) / W - 1, (2 * v + 1) / H - 1, (2 * w + 1) / D - 1], axis=-1)
+    q = q.reshape(1, 1, 1, n, 3).astype(np.float32)
+    want = reference.grid_sample_3d(np.ascontiguousarray(x).astype(np.float64),
+                                    q.astype(np.float64))
+    results = [run_with(m, lambda: gs3d.grid_sample_3d(x, q, num_threads=1))
+               for m in kernel_modules()]
+    scale = np.abs(want).max()
+    for r in results:
+        assert np.array_equal(results[0].view(np.uint32), r.view(np.uint32))
+        assert np.abs(r - want).max() / scale <= 1e-5
+    assert (results[0][..., 40 + 2] == 0).all()        # a NaN coordinate samples nothing
+
+
 def _backward_both_builds(go, x, q, **kw):
     """grid_sample_3d_backward under the baseline and the AVX2 build, as unsigned-integer
     views (their bits)."""
