@@ -154,6 +154,16 @@ cdef enum:
 # tile loop) lost at 1x1x128^3 (0.92x) and keeps the item gate alone.  With the channels in planes
 # (NCDHW) every channel's plane is prefetched, not only the first (2x4x96^3 smooth 1.24x against
 # 1.06x; 1x4x128^3, past the item gate, 1.03x).
+# On a grid that is not scattered (grid_scattered), a call gate of PREFETCH_FWD_FEW_SMOOTH_MIN_KIB
+# (this host's L3) applies, but for four channels: there each point's rows come one after the
+# other, and a call past the L3 has them in memory.  In-process A/B against the 48 MiB gate alone,
+# 2 threads: 1x1x128^3 (40 MiB) smooth NCDHW 1.15-1.31x, NDHWC 1.29-1.33x, one thread 1.29-1.33x;
+# 1x2x112^3 (37 MiB) smooth NCDHW 1.28x, NDHWC 1.54x; 1x3x104^3 (40 MiB) 1.30x; 1x6x88^3 NDHWC
+# (39 MiB) 1.19x; 1x5x88^3 NCDHW 1.13x; 2x3x80^3 NDHWC 1.24x; 2x2x96^3 (47 MiB) 1.06x;
+# 1x1x120^3 (33 MiB) 1.04x.  The same gate on scattered grids: 1x1x128^3 random NCDHW
+# 0.92-0.95x, NDHWC 0.97-1.11x, 1x2x112^3 random NCDHW 0.75x; and with four channels (the
+# 128-bit loads of rows4) 1x4x96^3 (37 MiB) smooth NDHWC 0.92-0.96x, NCDHW 1x4x100^3 0.94x (one
+# thread 1.09-1.17x).
 # Where two or more threads share one batch item's channels-last copy (N below the thread
 # count), one core reads lines the other core wrote, and the float32 forward prefetches from
 # PREFETCH_FWD_SHARED_MIN_KIB of copy on: 1x8x64^3 (8 MiB) NCDHW smooth 0.95-1.48x, random
@@ -167,6 +177,7 @@ cdef enum:
     PREFETCH_FWD_MIN_KIB = 16384
     PREFETCH_FWD_FEW_MAX_C = 7
     PREFETCH_FWD_FEW_MIN_KIB = 49152
+    PREFETCH_FWD_FEW_SMOOTH_MIN_KIB = 32768
     PREFETCH_FWD_SHARED_MIN_KIB = 7168
 
 # gs3d_backward_rows (see backward_tile) against the tile loop it replaces, in-process A/B, 2
@@ -436,12 +447,17 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
 
 
 cdef inline bint few_call_prefetch_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t C,
-                                        Py_ssize_t L, Py_ssize_t P) noexcept nogil:
+                                        Py_ssize_t L, Py_ssize_t P, bint scattered) noexcept nogil:
     """The gather forward's call gate (N batch items of L voxels and C channels sampled at P
     points, ``isz``-byte values): float32 with at most PREFETCH_FWD_FEW_MAX_C channels whose
-    call (input, grid and output) passes PREFETCH_FWD_FEW_MIN_KIB."""
+    call (input, grid and output) passes PREFETCH_FWD_FEW_MIN_KIB, or, on a grid that is not
+    ``scattered`` (grid_scattered) and with other than FEW_FWD_ROWS_C channels,
+    PREFETCH_FWD_FEW_SMOOTH_MIN_KIB.  (True when ``scattered`` implies True without it.)"""
+    cdef Py_ssize_t kib = N * (L * C + P * (3 + C)) * isz // 1024
     return (isz == 4 and C <= PREFETCH_FWD_FEW_MAX_C
-            and N * (L * C + P * (3 + C)) * isz // 1024 > <Py_ssize_t>PREFETCH_FWD_FEW_MIN_KIB)
+            and (kib > <Py_ssize_t>PREFETCH_FWD_FEW_MIN_KIB
+                 or (not scattered and C != FEW_FWD_ROWS_C
+                     and kib > <Py_ssize_t>PREFETCH_FWD_FEW_SMOOTH_MIN_KIB)))
 
 
 cdef inline Py_ssize_t item_kib(Py_ssize_t values, Py_ssize_t isz) noexcept nogil:
@@ -451,12 +467,12 @@ cdef inline Py_ssize_t item_kib(Py_ssize_t values, Py_ssize_t isz) noexcept nogi
 
 
 def forward_prefetches(int itemsize, Py_ssize_t N, Py_ssize_t C, Py_ssize_t D, Py_ssize_t H,
-                       Py_ssize_t W, Py_ssize_t P):
+                       Py_ssize_t W, Py_ssize_t P, bint scattered=True):
     """For tests: whether the gather forward (float32 and 16-bit storage where it runs; see
     enable_simd_gather) prefetches: a batch item's input past PREFETCH_FWD_MIN_KIB (item_kib),
-    or few_call_prefetch_rule."""
+    or few_call_prefetch_rule (``scattered``: the grid as grid_scattered finds it)."""
     return bool(item_kib(D * H * W * C, itemsize) > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
-                or few_call_prefetch_rule(itemsize, N, C, D * H * W, P))
+                or few_call_prefetch_rule(itemsize, N, C, D * H * W, P, scattered))
 
 
 cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssize_t* qshape,
@@ -1265,8 +1281,11 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
             half_rows(g)
     if store_t is float:
         # the gather forward's call gate (the tile loop keeps the item gate: untimed)
-        if g.simd_gather and few_call_prefetch_rule(sizeof(store_t), g.N, g.C,
-                                                    g.D * g.H * g.W, P):
+        # (the grid is looked at only where its answer decides)
+        if (g.simd_gather
+                and few_call_prefetch_rule(sizeof(store_t), g.N, g.C, g.D * g.H * g.W, P, False)
+                and (few_call_prefetch_rule(sizeof(store_t), g.N, g.C, g.D * g.H * g.W, P, True)
+                     or not grid_scattered(q, g))):
             g.prefetch_fwd = True
     # several threads, each on whole batch items in its own copy (see below)
     items_per_thread = nthreads > 1 and g.N >= nthreads and nxcl >= nthreads * item

@@ -291,7 +291,9 @@ def test_prefetching_inputs_against_torch():
 def test_forward_prefetch_gates():
     """The forward prefetches past PREFETCH_FWD_MIN_KIB of batch item (16 MiB at 4 bytes a
     value), and float32 with at most PREFETCH_FWD_FEW_MAX_C channels also past
-    PREFETCH_FWD_FEW_MIN_KIB (48 MiB) of input, grid and output over the whole call."""
+    PREFETCH_FWD_FEW_MIN_KIB (48 MiB) of input, grid and output over the whole call, or
+    PREFETCH_FWD_FEW_SMOOTH_MIN_KIB (32 MiB) on a grid that is not scattered, but for four
+    channels."""
     for K in kernel_modules(need_simd=False):
         fp = K.forward_prefetches
         S, L = 96, 96 ** 3
@@ -309,6 +311,18 @@ def test_forward_prefetch_gates():
         # does
         assert not fp(4, 12, 4, 64, 64, 64, 0)
         assert fp(4, 12, 4, 64, 64, 64, 64)
+        # on a grid grid_scattered does not call scattered, from 32 MiB
+        L1 = 128 ** 3
+        assert fp(4, 1, 1, 128, 128, 128, L1, scattered=False)      # 40 MiB
+        assert not fp(4, 1, 1, 128, 128, 128, L1)                   # scattered: 48 MiB
+        assert not fp(4, 16, 2, 64, 64, 64, 0, scattered=False)     # 32 MiB does not pass,
+        assert fp(4, 16, 2, 64, 64, 64, 64, scattered=False)        # 20 KiB more does
+        assert fp(4, 1, 7, 64, 64, 64, 96 ** 3, scattered=False)       # 41 MiB, 7 MiB item
+        assert not fp(4, 1, 8, 64, 64, 64, 96 ** 3, scattered=False)   # eight channels
+        # four channels (the 128-bit loads of rows4) keep the 48 MiB gate
+        assert not fp(4, 1, 4, 96, 96, 96, L, scattered=False)        # 37 MiB
+        assert fp(4, 2, 4, 96, 96, 96, L, scattered=False)            # 74 MiB
+        assert not fp(8, 1, 1, 128, 128, 128, L1, scattered=False)     # float64
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -328,6 +342,35 @@ def test_forward_prefetching_call_against_reference(layout):
         assert rel_err(from_layout(out, layout), want) <= TOLERANCE["float32"], threads
     one = gs3d.grid_sample_3d(xl[4:5], grid[4:5], layout=layout, num_threads=2)
     assert np.array_equal(one, out[4:5])
+
+
+def test_forward_prefetching_smooth_call_against_its_halves():
+    """One channel of 128^3 sampled on a smooth grid at 128^3 points: a 40 MiB call past
+    PREFETCH_FWD_FEW_SMOOTH_MIN_KIB (grid_scattered finds the grid smooth), at one and two
+    threads; each half of its points alone (24 MiB: no hints) gives the same bits, and a
+    sample of points the float64 reference's values."""
+    rng = np.random.default_rng(23)
+    S = 128
+    assert gs3d._kernels.forward_prefetches(4, 1, 1, S, S, S, S ** 3, scattered=False)
+    assert not gs3d._kernels.forward_prefetches(4, 1, 1, S, S, S, S ** 3 // 2,
+                                                scattered=False)
+    x = rng.standard_normal((1, 1, S, S, S), dtype=np.float32)
+    t = (np.arange(S) * 2 + 1) / S - 1
+    zz, yy, xx = np.meshgrid(t, t, t, indexing="ij")
+    c, s = np.cos(0.1), np.sin(0.1)
+    grid = np.stack([c * xx - s * yy + 0.05, s * xx + c * yy, zz - 0.03], axis=-1)[None]
+    grid = (grid + 0.02 * rng.standard_normal(grid.shape)).astype(np.float32)
+    for threads in (1, 2):
+        out = gs3d.grid_sample_3d(x, grid, num_threads=threads)
+        for h in (slice(0, S // 2), slice(S // 2, S)):
+            part = gs3d.grid_sample_3d(x, np.ascontiguousarray(grid[:, h]),
+                                       num_threads=threads)
+            assert np.array_equal(part, out[:, :, h]), (threads, h)
+    pts = rng.integers(0, S, (300, 3))
+    sub = np.ascontiguousarray(grid[0, pts[:, 0], pts[:, 1], pts[:, 2]]).reshape(1, 1, 1, 300, 3)
+    want = ref.grid_sample_3d(x.astype(np.float64), sub.astype(np.float64))
+    got = out[0, 0, pts[:, 0], pts[:, 1], pts[:, 2]]
+    assert rel_err(got, want.ravel()) <= TOLERANCE["float32"]
 
 
 def test_forward_through_a_shared_copy_past_its_prefetch_gate():
