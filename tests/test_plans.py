@@ -617,12 +617,13 @@ def _c1_grid(rng, n_points, size):
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("n_points", [1, 7, 8, 9, 63, 64, 65, 203])
-@pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NCDHW"), (3, "NDHWC"), (8, "NCDHW"),
-                                      (9, "NDHWC"), (16, "NDHWC"), (16, "NCDHW"), (40, "NDHWC"),
-                                      (72, "NCDHW")])
+@pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NCDHW"), (2, "NDHWC"), (3, "NDHWC"),
+                                      (6, "NDHWC"), (8, "NCDHW"), (9, "NDHWC"), (16, "NDHWC"),
+                                      (16, "NCDHW"), (40, "NDHWC"), (72, "NCDHW")])
 def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layout):
     """The AVX2 build runs the float32 bilinear forward of up to 8 channels eight points at a
-    time (gs3d_forward_gather_avx2), and from 16 channels on, for multiples of 8, consumes the
+    time (gs3d_forward_gather_avx2; 2, 3 and 6 channels-last channels by masked loads), and
+    from 16 channels on, for multiples of 8, consumes the
     tile loop's set-up in C (gs3d_forward_cl_avx2; NCDHW output through the staging buffer,
     in groups of 56 points at C = 72); the baseline build runs the scalar tile loop.  Both must
     give the same bits, for every tail length, with NaN/inf/huge coordinates, and agree with
@@ -648,12 +649,12 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
 
 @pytest.mark.parametrize("variant", ["grid_view", "out_view", "negative_strides", "ndhwc",
                                      "ndhwc_views", "ndhwc_into_ncdhw_order", "two_threads"])
-@pytest.mark.parametrize("C", [1, 4, 16])
+@pytest.mark.parametrize("C", [1, 3, 4, 6, 16])
 def test_float32_forward_strides_agree_across_builds(variant, C):
     """Grids whose points are not at one fixed step (the scalar path), strided outputs, volumes
-    read backwards, the NDHWC layout (C = 16: the point-by-point branch of the gather
-    forward), also read backwards into an output view, and threads: both builds give the same
-    bits."""
+    read backwards, the NDHWC layout (C = 3, 4, 6 and 16: the point-by-point branches of the
+    gather forward, masked loads for 3 and 6), also read backwards into an output view, and
+    threads: both builds give the same bits."""
     rng = np.random.default_rng(21)
     x = rng.standard_normal((2, C, 6, 7, 9)).astype(np.float32)
     q = _c1_grid(rng, 2 * 3 * 4 * 11, 7).reshape(2, 3, 4, 11, 3).astype(np.float32)
