@@ -239,7 +239,7 @@ cdef enum:
 # threads share one batch item (N = 1), the copy one core writes the other reads back through its
 # caches, and this host measured it at 0.99-1.24x in one run (1x4x48^3 to 1x6x80^3) and at 0.74x
 # (1x4x48^3), 0.88-0.95x (1x4x64^3) in another, so there the 16 MiB gate stays
-# (FEW_FWD_SHARED_MIN_KIB).  Without the grid test smooth warps lost (2x4x96^3 0.85x, 2x6x64^3
+# (FEW_FWD_SHARED_MIN_KIB, since lowered: below).  Without the grid test smooth warps lost (2x4x96^3 0.85x, 2x6x64^3
 # 0.88x).  (For four channels these figures predate rows4: see below.)  float16/bfloat16 with four
 # channels lost or gained nothing (0.9-1.0x) but at 2x4x96^3 random (1.16x), so they keep the
 # planes.
@@ -251,14 +251,20 @@ cdef enum:
 # 1.40x), so four channels take it on any grid where the gather forward runs (the baseline
 # module's tile loop keeps the grid test: untimed); 5-7 (read with gathers) still lose on smooth
 # grids (2x5x64^3 0.87x, 2x6x64^3 0.81x, 2x7x64^3 0.89x).  Where two threads share one batch item,
-# four channels take it from FEW_FWD_SHARED_ROWS_MIN_KIB: 1x4x64^3 (4 MiB) random 0.99-1.42x,
+# four channels take it from FEW_FWD_SHARED_MIN_KIB: 1x4x64^3 (4 MiB) random 0.99-1.42x,
 # smooth 1.12-1.34x, 1x4x96^3 random 2.12x, smooth 1.51x; 1x4x48^3 (1.7 MiB) random 0.84-0.88x;
 # six channels lost there (1x6x64^3 random 0.85-0.94x).
+# Five to seven channels: since they too are read with a load per corner (rowsm, masked), they
+# take the copy as four do, on any grid and from FEW_FWD_SHARED_MIN_KIB where threads share an
+# item.  In-process A/B against the grid test and a 16 MiB shared gate, 2 threads: smooth 2x7x64^3
+# 1.56-1.57x, 1x7x80^3 1.58x, 2x5x96^3 1.30x, 1x6x96^3 1.28x, 1x6x64^3 1.29x (random 1.32x), 3x6x48^3
+# 1.09x, 2x5x64^3 1.05x, 1x5x64^3 1.01x, one thread 2x6x64^3 1.13x, 1x6x64^3 1.31x; 2x6x64^3 at
+# two threads 0.94-0.98x (a 30 MiB call, just under the forward's prefetch gate: 2x7x64^3, past
+# it, is the 1.56x); unchanged under the gates (1x5x48^3, 4x6x32^3) 0.99-1.00x.
 cdef enum:
     FEW_FWD_MIN_KIB = 1024
-    FEW_FWD_SHARED_MIN_KIB = 16384
+    FEW_FWD_SHARED_MIN_KIB = 4096
     FEW_FWD_ROWS_C = 4
-    FEW_FWD_SHARED_ROWS_MIN_KIB = 4096
 
 
 # The AVX2 gather forward maps eight points at once and gathers each channel of each corner;
@@ -340,15 +346,12 @@ cdef inline bint few_channels_rule(int itemsize, Py_ssize_t C, int mode,
 cdef inline bint few_channels_fwd_rule(int itemsize, Py_ssize_t C, Py_ssize_t item,
                                        int mode, bint whole) noexcept nogil:
     """The forward whose NCDHW input may take the channels-last copy from TRANSPOSE_FEW_MIN_C
-    channels (on any grid with FEW_FWD_ROWS_C channels, else on scattered grids: see
+    channels (on any grid where the gather forward runs, else on scattered grids: see
     FEW_FWD_MIN_KIB): float32 storage (``itemsize`` 4), bilinear, fewer than TRANSPOSE_MIN_C
     channels, ``item`` elements per batch item, of at least FEW_FWD_MIN_KIB when each thread
     runs whole batch items (``whole``: one thread, or at least as many batch items as
-    threads), else FEW_FWD_SHARED_ROWS_MIN_KIB with FEW_FWD_ROWS_C channels and
-    FEW_FWD_SHARED_MIN_KIB with more."""
-    cdef Py_ssize_t kib = (FEW_FWD_MIN_KIB if whole
-                           else FEW_FWD_SHARED_ROWS_MIN_KIB if C == FEW_FWD_ROWS_C
-                           else FEW_FWD_SHARED_MIN_KIB)
+    threads), else FEW_FWD_SHARED_MIN_KIB."""
+    cdef Py_ssize_t kib = FEW_FWD_MIN_KIB if whole else FEW_FWD_SHARED_MIN_KIB
     return (itemsize == 4 and mode == MODE_BILINEAR and TRANSPOSE_FEW_MIN_C <= C < TRANSPOSE_MIN_C
             and item * itemsize >= 1024 * kib)
 
@@ -1293,7 +1296,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode,
                                  nthreads == 1 or items_per_thread)
            and nxcl >= item
-           and ((g.C == FEW_FWD_ROWS_C and g.simd_gather) or grid_scattered(q, g)))
+           and (g.simd_gather or grid_scattered(q, g)))
     if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
             and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
