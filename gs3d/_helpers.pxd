@@ -354,6 +354,13 @@ cdef extern from *:
         /* prefetch every channel plane's corner rows (else the first's) and grad_output
            ahead (gs3d_prefetch_go): items beyond the caches (the caller's prefetch_bwd) */
         int prefetch;
+        /* scatter three or five to seven channels (at step 1 in A) with one masked
+           read-modify-write per corner, not channel by channel: the caller sets it for tiles
+           whose points scatter over the volume (on a smooth warp the next point's masked load
+           of the same corner would wait for the masked store before it: 0.77-0.94x).
+           In-process A/B, 2 threads, NDHWC random: 1x3x96^3 1.15x, 8x3x32^3 1.10x, 1x6x64^3
+           1.43x, 1x7x64^3 1.52x; smooth 1.00-1.04x (the tile test) */
+        int rmw;
         /* 16-bit storage (xk 1 float16, 2 bfloat16; 0: float32): input, grid, grad_output
            and grid_grad at xh, qh, goh, dqh instead of x, q, go, dq (the accumulator A stays
            float32); xlast: the offset from xh of the input's highest-addressed element */
@@ -1623,6 +1630,36 @@ cdef extern from *:
                                 }
                             }
                         }
+                    } else if (a->rmw && C < 4) {
+                        /* three contiguous channels: one masked 128-bit
+                           read-modify-write per corner (nothing past the channels touched),
+                           lane by lane as below */
+                        for (l = 0; l < k; l++) {
+                            const __m128 gv = _mm_setr_ps(gov[0][l], gov[1][l], gov[2][l], 0.0f);
+                            for (j = 0; j < 8; j++) {
+                                if ((vsb[j] >> l) & 1) {
+                                    float* dst = a->A + oa[j][l];
+                                    gs3d_st4n(dst, _mm_add_ps(gs3d_ld4n(dst, (int)C),
+                                        _mm_mul_ps(_mm_set1_ps(wa[j][l]), gv)), (int)C);
+                                }
+                            }
+                        }
+                    } else if (a->rmw) {
+                        /* five to seven: the same, 256-bit */
+                        float gl[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                        for (l = 0; l < k; l++) {
+                            __m256 gv;
+                            for (c = 0; c < C; c++)
+                                gl[c] = gov[c][l];
+                            gv = _mm256_loadu_ps(gl);
+                            for (j = 0; j < 8; j++) {
+                                if ((vsb[j] >> l) & 1) {
+                                    float* dst = a->A + oa[j][l];
+                                    gs3d_st8n(dst, _mm256_add_ps(gs3d_ld8n(dst, (int)C),
+                                        _mm256_mul_ps(_mm256_set1_ps(wa[j][l]), gv)), (int)C);
+                                }
+                            }
+                        }
                     } else {
                         for (l = 0; l < k; l++) {
                             for (j = 0; j < 8; j++) {
@@ -2300,7 +2337,7 @@ cdef extern from *:
         const float* go
         float* dq
         Py_ssize_t sx, sy, sz, xc, ax, ay, az, ac, W, H, D, C, qp, qc, gp, gc, dp, dc, zlo, zhi
-        int align, border, do_dx, do_dg, own_all, prefetch
+        int align, border, do_dx, do_dg, own_all, prefetch, rmw
         const uint16_t* xh
         const uint16_t* qh
         const uint16_t* goh

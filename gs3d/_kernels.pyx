@@ -1887,6 +1887,10 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.align, ba.border = g.align, g.padding
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
             ba.prefetch = g.prefetch_bwd
+            # (see gs3d_bwd_args.rmw; two channels lost with it, 1x2x96^3 random 0.89x)
+            ba.rmw = (do_dx and As[3] == 1 and C > 2 and C != 4
+                      and not tile_coherent(&q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
+                                            <int>cnt, g.D, hk))
             gs3d_backward_gather_avx2(&ba, cnt)
             return
     if (store_t is not double and acc_t is float and g.rows
