@@ -209,8 +209,8 @@ def _copies_pay(pb: Problem, backward: bool, nt: int = 1) -> bool:
     """True when the kernels run ``pb`` through channels-last copies if its input's channel
     stride is not 1 (always so for NCDHW): many channels, or from four for the float32
     bilinear backward, any padding (exactly four for float16/bfloat16), or for the float32
-    bilinear forward of a large batch item (on scattered grids, or any grid with four
-    channels where the SIMD kernels run, as the kernel decides per call; larger where ``nt``
+    bilinear forward of a large batch item (4-7 channels: on any grid where the SIMD kernels
+    run, else on scattered grids, as the kernel decides per call; larger where ``nt``
     threads share a batch item; their rules, _kernels.channels_last_pays; the buffers are
     sized here from them)."""
     D, H, W = pb.in_spatial

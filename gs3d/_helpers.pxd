@@ -1630,7 +1630,7 @@ cdef extern from *:
                                 }
                             }
                         }
-                    } else if (a->rmw && C < 4) {
+                    } else if (a->rmw && a->ac == 1 && C == 3) {
                         /* three contiguous channels: one masked 128-bit
                            read-modify-write per corner (nothing past the channels touched),
                            lane by lane as below */
@@ -1644,7 +1644,7 @@ cdef extern from *:
                                 }
                             }
                         }
-                    } else if (a->rmw) {
+                    } else if (a->rmw && a->ac == 1 && C > 4) {
                         /* five to seven: the same, 256-bit */
                         float gl[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
                         for (l = 0; l < k; l++) {

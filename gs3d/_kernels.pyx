@@ -137,7 +137,8 @@ cdef enum:
 # gradient alone 0.95x), and the same hint in the forward gather (0.81-1.04x).
 # Prefetching never changes a result, only when the lines arrive.
 # The float32 gather forward (enable_simd_gather; the tile loop keeps the item gate, untimed) with
-# at most PREFETCH_FWD_FEW_MAX_C channels (its channel-plane and four-channel branches) also
+# at most PREFETCH_FWD_FEW_MAX_C channels (its channel-plane, pair, four-channel and masked-load
+# branches) also
 # prefetches when the whole call's input, grid and output pass PREFETCH_FWD_FEW_MIN_KIB
 # (few_call_prefetch_rule; 1.5x this host's 32 MiB L3), whatever its batch items: then they cannot
 # stay in the caches from one call to the next, and each point's first read of an input row (the
@@ -224,10 +225,11 @@ cdef enum:
     TRANSPOSE_FEW_MIN_C = 4
     TRANSPOSE_MIN_FILL = 4
 
-# The float32 bilinear forward of 5-7 channels (four: see below) reads the channel planes in place
-# (the gather forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most sampled tiles
-# span more depth planes than ROWS_MAX_PLANES) of a batch item of at least FEW_FWD_MIN_KIB, where
-# it takes the channels-last copy: there each corner's C planes cost C misses (and C pages) where
+# The float32 bilinear forward of 4-7 NCDHW channels read the channel planes in place (the gather
+# forward, GATHER_MAX_C) except on scattered grids (grid_scattered: most sampled tiles span more
+# depth planes than ROWS_MAX_PLANES) of a batch item of at least FEW_FWD_MIN_KIB, where it took
+# the channels-last copy (the baseline module still does; the SIMD modules now take it on any
+# grid: see below): there each corner's C planes cost C misses (and C pages) where
 # the copy's cost one.  In-process A/B, 2 threads, uniformly random grids: 1x4x128^3 2.3-2.4x
 # faster (one thread 2.5x), 2x4x128^3 2.4x, 1x5x128^3 1.9x, 1x4x112^3 1.7x, 1x6x96^3 1.3x.  The
 # gate was 16 MiB while the copy's buffer was allocated afresh by every plain call of that size
@@ -455,7 +457,7 @@ cdef inline bint few_call_prefetch_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t
     points, ``isz``-byte values): float32 with at most PREFETCH_FWD_FEW_MAX_C channels whose
     call (input, grid and output) passes PREFETCH_FWD_FEW_MIN_KIB, or, on a grid that is not
     ``scattered`` (grid_scattered) and with other than FEW_FWD_ROWS_C channels,
-    PREFETCH_FWD_FEW_SMOOTH_MIN_KIB.  (True when ``scattered`` implies True without it.)"""
+    PREFETCH_FWD_FEW_SMOOTH_MIN_KIB.  (True with ``scattered`` implies True without it.)"""
     cdef Py_ssize_t kib = N * (L * C + P * (3 + C)) * isz // 1024
     return (isz == 4 and C <= PREFETCH_FWD_FEW_MAX_C
             and (kib > <Py_ssize_t>PREFETCH_FWD_FEW_MIN_KIB
@@ -1296,7 +1298,7 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
     few = (few_channels_fwd_rule(sizeof(store_t), g.C, item, g.mode,
                                  nthreads == 1 or items_per_thread)
            and nxcl >= item
-           and (g.simd_gather or grid_scattered(q, g)))
+           and ((g.simd_gather and (g.gs[4] == 1 or g.op == 1)) or grid_scattered(q, g)))
     if ((not g.simd_gather or g.C % 8 == 0 or few) and channels_last_geo(g, &gT, few)
             and nxcl >= item):
         # batch item by batch item: a channels-last copy of the input, then its tiles (the
@@ -1888,7 +1890,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
             ba.do_dx, ba.do_dg, ba.own_all = do_dx, do_dg, own_all
             ba.prefetch = g.prefetch_bwd
             # (see gs3d_bwd_args.rmw; two channels lost with it, 1x2x96^3 random 0.89x)
-            ba.rmw = (do_dx and As[3] == 1 and C > 2 and C != 4
+            ba.rmw = (store_t is float and do_dx and As[3] == 1 and C > 2 and C != 4
                       and not tile_coherent(&q[n * g.qs[0] + p0 * g.qp], g.qp, g.qs[4],
                                             <int>cnt, g.D, hk))
             gs3d_backward_gather_avx2(&ba, cnt)

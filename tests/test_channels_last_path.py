@@ -521,6 +521,14 @@ def test_few_channels_forward_copy_gates(C):
                     assert all(p in items or p == unused for p in parts), (kind, n, nt)
                 else:
                     assert parts == [unused] * nt, (kind, n, nt)
+        # an output whose channels and points are both strided, which the load branches do not
+        # write: the SIMD modules too take the copy there on a scattered grid alone
+        plan = gs3d.plan_forward(x[:1].shape, q[:1].shape, np.float32, num_threads=1)
+        plan._res.xcl[...] = np.nan
+        out = np.full((1, C, 64, 64, 128), 5.0, np.float32)[..., ::2]
+        assert plan(x[:1], q[:1], out=out) is out
+        assert same(out, want[:1]) and (out.base[..., 1::2] == 5.0).all(), kind
+        assert np.isnan(plan._res.xcl).all() == (kind != "random"), kind
 
 
 @pytest.mark.parametrize("C,S", [(4, 64), (5, 60), (7, 54)])
