@@ -138,33 +138,32 @@ cdef enum:
 # Prefetching never changes a result, only when the lines arrive.
 # The float32 gather forward (enable_simd_gather; the tile loop keeps the item gate, untimed) with
 # at most PREFETCH_FWD_FEW_MAX_C channels (its channel-plane, pair, four-channel and masked-load
-# branches) also
-# prefetches when the whole call's input, grid and output pass PREFETCH_FWD_FEW_MIN_KIB
-# (few_call_prefetch_rule; 1.5x this host's 32 MiB L3), whatever its batch items: then they cannot
-# stay in the caches from one call to the next, and each point's first read of an input row (the
-# rows of the next depth plane, perf: 45% of the gather forward's samples at 2x4x96^3 smooth, on
-# corners 4 and 6) comes from memory.  In-process A/B against 5ea801d, 2 threads, ratio of times
-# (the spread is the host's state, which moved the same call up to 3.7x): 2x4x96^3 (74 MiB) smooth
-# NCDHW 1.08-1.30x, NDHWC 1.28-1.47x, random NCDHW (through the copy) 1.20-1.44x, NDHWC
-# 1.02-2.02x; 1x2x128^3 (56 MiB) smooth NCDHW 1.17-1.43x, random NDHWC 1.73x; 2x1x128^3 (80 MiB)
-# 1.14-1.36x; many small items (NDHWC 16x4x48^3, 1.7 MiB items, 1.05-1.20x; 64x4x32^3 1.04-1.06x;
-# 32x2x40^3 1.46x; NCDHW 16x1x64^3 1.22x).  Calls under it that lost or gained nothing with the
-# hints: 1x4x96^3 (37 MiB; 2 threads 0.85-0.98x, one thread 0.96-1.19x), 1x1x128^3 (40 MiB,
-# 0.94-1.04x), 4x4x64^3 (44 MiB, 1.02x), 2x2x96^3 (47 MiB, 0.98x), 1x6x64^3 (15 MiB, 0.82x),
-# 2x4x64^3 (22 MiB, 0.81-0.92x); one that gained, 2x4x80^3 (43 MiB, 1.04-1.23x).  float64 (the
-# tile loop) lost at 1x1x128^3 (0.92x) and keeps the item gate alone.  With the channels in planes
-# (NCDHW) every channel's plane is prefetched, not only the first (2x4x96^3 smooth 1.24x against
-# 1.06x; 1x4x128^3, past the item gate, 1.03x).
+# branches) also prefetches when the whole call's input, grid and output pass
+# PREFETCH_FWD_FEW_MIN_KIB (few_call_prefetch_rule; 1.5x this host's 32 MiB L3), whatever its
+# batch items: then they cannot stay in the caches from one call to the next, and each point's
+# first read of an input row (the rows of the next depth plane, perf: 45% of the gather forward's
+# samples at 2x4x96^3 smooth, on corners 4 and 6) comes from memory.  In-process A/B against
+# 5ea801d, 2 threads, ratio of times (the spread is the host's state, which moved the same call up
+# to 3.7x): 2x4x96^3 (74 MiB) smooth NCDHW 1.08-1.30x, NDHWC 1.28-1.47x, random NCDHW (through the
+# copy) 1.20-1.44x, NDHWC 1.02-2.02x; 1x2x128^3 (56 MiB) smooth NCDHW 1.17-1.43x, random NDHWC
+# 1.73x; 2x1x128^3 (80 MiB) 1.14-1.36x; many small items (NDHWC 16x4x48^3, 1.7 MiB items,
+# 1.05-1.20x; 64x4x32^3 1.04-1.06x; 32x2x40^3 1.46x; NCDHW 16x1x64^3 1.22x).  Calls under it that
+# lost or gained nothing with the hints: 1x4x96^3 (37 MiB; 2 threads 0.85-0.98x, one thread
+# 0.96-1.19x), 1x1x128^3 (40 MiB, 0.94-1.04x), 4x4x64^3 (44 MiB, 1.02x), 2x2x96^3 (47 MiB, 0.98x),
+# 1x6x64^3 (15 MiB, 0.82x), 2x4x64^3 (22 MiB, 0.81-0.92x); one that gained, 2x4x80^3 (43 MiB,
+# 1.04-1.23x).  float64 (the tile loop) lost at 1x1x128^3 (0.92x) and keeps the item gate
+# alone.  With the channels in planes (NCDHW) every channel's plane is prefetched, not only the
+# first (2x4x96^3 smooth 1.24x against 1.06x; 1x4x128^3, past the item gate, 1.03x).
 # On a grid that is not scattered (grid_scattered), a call gate of PREFETCH_FWD_FEW_SMOOTH_MIN_KIB
 # (this host's L3) applies, but for four channels: there each point's rows come one after the
 # other, and a call past the L3 has them in memory.  In-process A/B against the 48 MiB gate alone,
 # 2 threads: 1x1x128^3 (40 MiB) smooth NCDHW 1.15-1.31x, NDHWC 1.29-1.33x, one thread 1.29-1.33x;
-# 1x2x112^3 (37 MiB) smooth NCDHW 1.28x, NDHWC 1.54x; 1x3x104^3 (40 MiB) 1.30x; 1x6x88^3 NDHWC
-# (39 MiB) 1.19x; 1x5x88^3 NCDHW 1.13x; 2x3x80^3 NDHWC 1.24x; 2x2x96^3 (47 MiB) 1.06x;
-# 1x1x120^3 (33 MiB) 1.04x.  The same gate on scattered grids: 1x1x128^3 random NCDHW
-# 0.92-0.95x, NDHWC 0.97-1.11x, 1x2x112^3 random NCDHW 0.75x; and with four channels (the
-# 128-bit loads of rows4) 1x4x96^3 (37 MiB) smooth NDHWC 0.92-0.96x, NCDHW 1x4x100^3 0.94x (one
-# thread 1.09-1.17x).
+# 1x2x112^3 (37 MiB) smooth NCDHW 1.28x, NDHWC 1.54x; 1x3x104^3 (40 MiB) 1.30x; 1x6x88^3 NDHWC (39
+# MiB) 1.19x; 1x5x88^3 NCDHW 1.13x; 2x3x80^3 NDHWC 1.24x; 2x2x96^3 (47 MiB) 1.06x; 1x1x120^3 (33
+# MiB) 1.04x.  The same gate on scattered grids: 1x1x128^3 random NCDHW 0.92-0.95x, NDHWC
+# 0.97-1.11x, 1x2x112^3 random NCDHW 0.75x; and with four channels (the 128-bit loads of rows4)
+# 1x4x96^3 (37 MiB) smooth NDHWC 0.92-1.19x at 2 threads, the host's state deciding (one thread
+# 1.09-1.17x), NCDHW 1x4x100^3 0.93-0.98x: four channels keep the 48 MiB gate.
 # Where two or more threads share one batch item's channels-last copy (N below the thread
 # count), one core reads lines the other core wrote, and the float32 forward prefetches from
 # PREFETCH_FWD_SHARED_MIN_KIB of copy on: 1x8x64^3 (8 MiB) NCDHW smooth 0.95-1.48x, random
@@ -241,10 +240,10 @@ cdef enum:
 # threads share one batch item (N = 1), the copy one core writes the other reads back through its
 # caches, and this host measured it at 0.99-1.24x in one run (1x4x48^3 to 1x6x80^3) and at 0.74x
 # (1x4x48^3), 0.88-0.95x (1x4x64^3) in another, so there the 16 MiB gate stays
-# (FEW_FWD_SHARED_MIN_KIB, since lowered: below).  Without the grid test smooth warps lost (2x4x96^3 0.85x, 2x6x64^3
-# 0.88x).  (For four channels these figures predate rows4: see below.)  float16/bfloat16 with four
-# channels lost or gained nothing (0.9-1.0x) but at 2x4x96^3 random (1.16x), so they keep the
-# planes.
+# (FEW_FWD_SHARED_MIN_KIB, since lowered: below).  Without the grid test smooth warps lost
+# (2x4x96^3 0.85x, 2x6x64^3 0.88x).  (For four channels these figures predate rows4: see
+# below.)  float16/bfloat16 with four channels lost or gained nothing (0.9-1.0x) but at 2x4x96^3
+# random (1.16x), so they keep the planes.
 # Four channels (FEW_FWD_ROWS_C): since the gather forward reads a channels-last copy of four
 # channels into NCDHW output with one 128-bit load per corner (rows4, was eight gathers per
 # channel), against the same code with the gathers (dfe24d5), in-process A/B, 2 threads: random
@@ -259,10 +258,10 @@ cdef enum:
 # Five to seven channels: since they too are read with a load per corner (rowsm, masked), they
 # take the copy as four do, on any grid and from FEW_FWD_SHARED_MIN_KIB where threads share an
 # item.  In-process A/B against the grid test and a 16 MiB shared gate, 2 threads: smooth 2x7x64^3
-# 1.56-1.57x, 1x7x80^3 1.58x, 2x5x96^3 1.30x, 1x6x96^3 1.28x, 1x6x64^3 1.29x (random 1.32x), 3x6x48^3
-# 1.09x, 2x5x64^3 1.05x, 1x5x64^3 1.01x, one thread 2x6x64^3 1.13x, 1x6x64^3 1.31x; 2x6x64^3 at
-# two threads 0.94-0.98x (a 30 MiB call, just under the forward's prefetch gate: 2x7x64^3, past
-# it, is the 1.56x); unchanged under the gates (1x5x48^3, 4x6x32^3) 0.99-1.00x.
+# 1.56-1.57x, 1x7x80^3 1.58x, 2x5x96^3 1.30x, 1x6x96^3 1.28x, 1x6x64^3 1.29x (random 1.32x),
+# 3x6x48^3 1.09x, 2x5x64^3 1.05x, 1x5x64^3 1.01x, one thread 2x6x64^3 1.13x, 1x6x64^3 1.31x;
+# 2x6x64^3 at two threads 0.94-0.98x (a 30 MiB call, just under the forward's prefetch gate:
+# 2x7x64^3, past it, is the 1.56x); unchanged under the gates (1x5x48^3, 4x6x32^3) 0.99-1.00x.
 cdef enum:
     FEW_FWD_MIN_KIB = 1024
     FEW_FWD_SHARED_MIN_KIB = 4096
@@ -452,7 +451,8 @@ cdef int init_geo(Geo* g, const store_t[:, :, :, :, :] inp, const store_t[:, :, 
 
 
 cdef inline bint few_call_prefetch_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t C,
-                                        Py_ssize_t L, Py_ssize_t P, bint scattered) noexcept nogil:
+                                        Py_ssize_t L, Py_ssize_t P,
+                                        bint scattered) noexcept nogil:
     """The gather forward's call gate (N batch items of L voxels and C channels sampled at P
     points, ``isz``-byte values): float32 with at most PREFETCH_FWD_FEW_MAX_C channels whose
     call (input, grid and output) passes PREFETCH_FWD_FEW_MIN_KIB, or, on a grid that is not
