@@ -1319,13 +1319,14 @@ cdef extern from *:
        backward_tile.  Per block of eight points, vectorised: the mapping (with the
        grid-gradient factors), corner masks and weights, the gathers and channel dots of the
        grid gradient (a chain from +0 in channel order, then + 0, as lane 0 of dot_channels
-       for C < 8; eight channels would need lane_sum's tree instead; four float32 channels
-       contiguous in the input are loaded 128 bits per point and transposed, not gathered:
-       2x4x96^3 backward 1.10-1.15x, the grid gradient alone 1.18x), and
+       for C < 8; eight channels would need lane_sum's tree instead; four to seven float32
+       channels contiguous in the input are loaded once per point (masked from five) and
+       transposed, not gathered), and
        both grid-gradient formulas of grid_grad_of, picked per point.  The input-gradient
        scatter stays point by point in order (scalar, the products w * go of one channel
        taken from a vector multiply, or one 128-bit read-modify-write per corner for four
-       contiguous channels), so that every element receives its contributions
+       contiguous channels, one masked one for three and five to seven on scattered tiles:
+       gs3d_bwd_args.rmw), so that every element receives its contributions
        in the order of the tile loop.  Corners are scattered only where their
        depth index is in [zlo, zhi), and the grid gradient is written for the points whose key
        plane (key_of) is there, unless own_all.  16-bit storage runs the same operations on its
@@ -1535,22 +1536,35 @@ cdef extern from *:
                         const __m256i off = _mm256_add_epi32(B->base, _mm256_set1_epi32(
                             (int)((j >> 2) * sz + ((j >> 1) & 1) * sy + (j & 1) * sx)));
                         acc = zero;
-                        if (C == 4 && !h && a->xc == 1) {
-                            /* four contiguous channels: one 128-bit load per point (zero
-                               where the gather would be masked), transposed into the four
-                               channel vectors the gathers give */
+                        if (C >= 4 && !h && a->xc == 1) {
+                            /* four to seven contiguous channels: one 128-bit load (four) or
+                               masked 256-bit load (five to seven) per point, zero where the
+                               gather would be masked, transposed into the channel vectors the
+                               gathers give.  In-process A/B against the gathers, 2 threads:
+                               four channels 2x4x96^3 backward 1.10-1.15x, grid gradient alone
+                               1.18x; NDHWC 1x6x64^3 smooth 1.07-1.13x, random 1.06-1.10x,
+                               1x5x64^3 smooth 1.09x, grid gradient alone 1x7x64^3 1.36-1.37x,
+                               2x5x64^3 random 1.01-1.02x.  Three channels by masked 128-bit
+                               loads lost (grid gradient alone 1x3x96^3 random 0.91x). */
                             int ol[8];
                             __m128 r[8];
-                            __m256 v4[4];
+                            __m256 vc[8];
                             const unsigned mb = (unsigned)_mm256_movemask_ps(
                                 _mm256_castsi256_ps(mg)) & ((1u << k) - 1);
                             _mm256_storeu_si256((__m256i*)ol, off);
-                            for (l = 0; l < 8; l++)
-                                r[l] = (mb >> l) & 1 ? _mm_loadu_ps(a->x + ol[l])
-                                                     : _mm_setzero_ps();
-                            gs3d_channels4x8(r, v4);
+                            if (C == 4) {
+                                for (l = 0; l < 8; l++)
+                                    r[l] = (mb >> l) & 1 ? _mm_loadu_ps(a->x + ol[l])
+                                                         : _mm_setzero_ps();
+                                gs3d_channels4x8(r, vc);
+                            } else {
+                                for (l = 0; l < 8; l++)
+                                    vc[l] = (mb >> l) & 1 ? gs3d_ld8n(a->x + ol[l], (int)C)
+                                                          : _mm256_setzero_ps();
+                                gs3d_transpose8(vc);
+                            }
                             for (c = 0; c < C; c++)
-                                acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], v4[c]));
+                                acc = _mm256_add_ps(acc, _mm256_mul_ps(g[c], vc[c]));
                         } else {
                             for (c = 0; c < C; c++) {
                                 v = gs3d_gather8(h ? NULL : a->x + c * a->xc,
