@@ -863,53 +863,6 @@ cdef extern from *:
             }
         }
     }
-    /* k points' sums of eight channels (sv[l], channel j in lane j) into eight channel runs
-       dst[j * ds + l] (channels strided, points at step 1): a full block of eight points by
-       a transposition in registers (in place: sv is overwritten) */
-    GS3D_ALWAYS_INLINE void gs3d_runs8(__m256* sv, float* dst, Py_ssize_t ds, int k, int nc) {
-        float r[8];
-        int l, j;
-        if (k == 8) {
-            gs3d_transpose8(sv);
-            for (j = 0; j < nc; j++)
-                _mm256_storeu_ps(dst + j * ds, sv[j]);
-            return;
-        }
-        for (l = 0; l < k; l++) {
-            _mm256_storeu_ps(r, sv[l]);
-            for (j = 0; j < nc; j++)
-                dst[l + j * ds] = r[j];
-        }
-    }
-    /* eight points' four channels (r[l]: point l's) as four channel vectors (v[c]: channel
-       c of the eight points) */
-    GS3D_ALWAYS_INLINE void gs3d_channels4x8(const __m128* r, __m256* v) {
-        __m128 a0 = r[0], a1 = r[1], a2 = r[2], a3 = r[3];
-        __m128 b0 = r[4], b1 = r[5], b2 = r[6], b3 = r[7];
-        _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
-        _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
-        v[0] = _mm256_set_m128(b0, a0);
-        v[1] = _mm256_set_m128(b1, a1);
-        v[2] = _mm256_set_m128(b2, a2);
-        v[3] = _mm256_set_m128(b3, a3);
-    }
-    /* the same as gs3d_runs8 for four channels (sv[l]: point l's four sums) */
-    GS3D_ALWAYS_INLINE void gs3d_runs4(__m128* sv, float* dst, Py_ssize_t ds, int k, int nc) {
-        float r[4];
-        __m256 v[4];
-        int l, j;
-        if (k == 8) {
-            gs3d_channels4x8(sv, v);
-            for (j = 0; j < nc; j++)
-                _mm256_storeu_ps(dst + j * ds, v[j]);
-            return;
-        }
-        for (l = 0; l < k; l++) {
-            _mm_storeu_ps(r, sv[l]);
-            for (j = 0; j < nc; j++)
-                dst[l + j * ds] = r[j];
-        }
-    }
     /* the first n floats at p (n <= 4, or <= 8 for the 256-bit pair), the other lanes 0,
        and nothing past them read; the store writes the first n lanes of v alone */
     GS3D_ALWAYS_INLINE __m128 gs3d_ld4n(const float* p, int n) {
@@ -942,6 +895,53 @@ cdef extern from *:
                                                   _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v);
     #endif
     }
+    /* k points' sums of eight channels (sv[l], channel j in lane j) into the first nc channel
+       runs dst[j * ds + l] (channels strided, points at step 1): a full block of eight points
+       by a transposition in registers (in place: sv is overwritten) */
+    GS3D_ALWAYS_INLINE void gs3d_runs8(__m256* sv, float* dst, Py_ssize_t ds, int k, int nc) {
+        float r[8];
+        int l, j;
+        if (k == 8) {
+            gs3d_transpose8(sv);
+            for (j = 0; j < nc; j++)
+                _mm256_storeu_ps(dst + j * ds, sv[j]);
+            return;
+        }
+        for (l = 0; l < k; l++) {
+            _mm256_storeu_ps(r, sv[l]);
+            for (j = 0; j < nc; j++)
+                dst[l + j * ds] = r[j];
+        }
+    }
+    /* eight points' four channels (r[l]: point l's) as four channel vectors (v[c]: channel
+       c of the eight points) */
+    GS3D_ALWAYS_INLINE void gs3d_channels4x8(const __m128* r, __m256* v) {
+        __m128 a0 = r[0], a1 = r[1], a2 = r[2], a3 = r[3];
+        __m128 b0 = r[4], b1 = r[5], b2 = r[6], b3 = r[7];
+        _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+        _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
+        v[0] = _mm256_set_m128(b0, a0);
+        v[1] = _mm256_set_m128(b1, a1);
+        v[2] = _mm256_set_m128(b2, a2);
+        v[3] = _mm256_set_m128(b3, a3);
+    }
+    /* the same as gs3d_runs8 for four channels (sv[l]: point l's four sums) */
+    GS3D_ALWAYS_INLINE void gs3d_runs4(__m128* sv, float* dst, Py_ssize_t ds, int k) {
+        float r[4];
+        __m256 v[4];
+        int l, j;
+        if (k == 8) {
+            gs3d_channels4x8(sv, v);
+            for (j = 0; j < 4; j++)
+                _mm256_storeu_ps(dst + j * ds, v[j]);
+            return;
+        }
+        for (l = 0; l < k; l++) {
+            _mm_storeu_ps(r, sv[l]);
+            for (j = 0; j < 4; j++)
+                dst[l + j * ds] = r[j];
+        }
+    }
     /* the same into 16-bit channel runs, each value rounded as gs3d_store8_h rounds */
     GS3D_ALWAYS_INLINE void gs3d_runs8h(__m256* sv, uint16_t* dst, Py_ssize_t ds, int k,
                                         int bf) {
@@ -972,7 +972,7 @@ cdef extern from *:
        bounds); into NCDHW, eight points' sums are transposed into eight channel runs.  Four
        channels contiguous in the input (``rows4``) take one 128-bit load per corner the same
        way, into NCDHW eight points' sums transposed into four channel runs; two, three and
-       five to seven (``rowsm``) one masked load per corner (gs3d_ld4n, gs3d_ld8n: nothing
+       five to seven (``rowsm``) one masked load per corner (gs3d_ld8n: nothing
        past the channels read), masked stores into NDHWC and as many channel runs as channels
        into NCDHW.  In-process A/B against the gathers, 2 threads, same bits: 1x3x96^3 NDHWC
        smooth 1.32x, random 1.30x, 8x3x32^3 1.38x, 1x6x96^3 smooth 1.87x, random 2.66x,
@@ -999,7 +999,7 @@ cdef extern from *:
            step 1): one 128-bit load per corner */
         const int rows4 = xk == 0 && xc == 1 && (oc == 1 || op == 1) && C == 4;
         /* two, three or five to seven float32 channels the same way (``rowsm``): one masked
-           load per corner, 128-bit up to four channels, 256-bit from five */
+           256-bit load per corner */
         const int rowsm = xk == 0 && xc == 1 && (oc == 1 || op == 1) && C > 1 && C < 8
                           && C != 4;
         /* float32 rows at step 1 (one channel, or channel planes): gs3d_gather_pairs8 */
@@ -1051,37 +1051,35 @@ cdef extern from *:
                         mb[j] = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(mj[j]));
                         all &= mb[j];
                     }
-                    if (rows4 || (rowsm && C < 4)) {
+                    if (rows4) {
                         __m128 s4l[8];
                         for (l = 0; l < k; l++) {
                             __m128 s4 = _mm_setzero_ps();
                             if ((all >> l) & 1) {
                                 for (j = 0; j < 8; j++)
                                     s4 = _mm_add_ps(s4, _mm_mul_ps(_mm_set1_ps(wl[j][l]),
-                                        rows4 ? _mm_loadu_ps(x + ol[j][l])
-                                              : gs3d_ld4n(x + ol[j][l], (int)C)));
+                                                                   _mm_loadu_ps(x + ol[j][l])));
                             } else {
                                 for (j = 0; j < 8; j++)
                                     if ((mb[j] >> l) & 1)
                                         s4 = _mm_add_ps(s4, _mm_mul_ps(_mm_set1_ps(wl[j][l]),
-                                            rows4 ? _mm_loadu_ps(x + ol[j][l])
-                                                  : gs3d_ld4n(x + ol[j][l], (int)C)));
+                                                                       _mm_loadu_ps(x + ol[j][l])));
                             }
-                            if (oc == 1 && rows4)
+                            if (oc == 1)
                                 _mm_storeu_ps(out + (p + l) * op, s4);
-                            else if (oc == 1)
-                                gs3d_st4n(out + (p + l) * op, s4, (int)C);
                             else
                                 s4l[l] = s4;
                         }
                         if (oc != 1)
-                            gs3d_runs4(s4l, out + p, oc, k, (int)C);
+                            gs3d_runs4(s4l, out + p, oc, k);
                         continue;
                     }
                     if (rowsm) {
-                        /* five to seven channels: the same with 256-bit masked loads (the
-                           eight-channel loop below with masked loads and stores was 0.92-0.97x
-                           as fast at 1x6x96^3 and 1x6x64^3) */
+                        /* two, three, five to seven channels: the same with 256-bit masked
+                           loads (the eight-channel loop below with masked loads and stores was
+                           0.92-0.97x as fast at 1x6x96^3 and 1x6x64^3; against a 128-bit copy of
+                           this block for two and three channels, 1x3x96^3 and 1x2x96^3 NDHWC
+                           measured 0.90-1.10x, within the host's noise) */
                         __m256 s8l[8];
                         for (l = 0; l < k; l++) {
                             s = _mm256_setzero_ps();
@@ -1647,7 +1645,9 @@ cdef extern from *:
                     } else if (a->rmw && a->ac == 1 && C == 3) {
                         /* three contiguous channels: one masked 128-bit
                            read-modify-write per corner (nothing past the channels touched),
-                           lane by lane as below */
+                           lane by lane as below; the 256-bit branch below for three channels
+                           measured 0.85-0.88x at 1x3x96^3 and 8x3x32^3 random, where this
+                           branch against itself gave 0.90-1.02x: it stays */
                         for (l = 0; l < k; l++) {
                             const __m128 gv = _mm_setr_ps(gov[0][l], gov[1][l], gov[2][l], 0.0f);
                             for (j = 0; j < 8; j++) {
