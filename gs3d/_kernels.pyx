@@ -171,6 +171,17 @@ cdef enum:
 # 1x16x48^3 (6.75 MiB) 0.85-1.08x, 1x8x48^3 and 1x16x40^3 (3.4-3.9 MiB) 0.84x.  The tile loop
 # on such a copy (C not a multiple of 8) gains too: 1x10x64^3 smooth 1.09x, random 1.25x,
 # 1x12x64^3 smooth 1.22x, random 1.24x, 1x12x56^3 smooth 1.15x (against no hint).
+# float64's forward (the tile loop) with a multiple of 8 channels contiguous in the caller's
+# input (gs3d_corners_d: a point's corner rows are whole cache lines) also prefetches in a call
+# past PREFETCH_FWD_F64_MIN_KIB (f64_call_prefetch_rule; this host's L3): then the call's data
+# does not stay in the caches from one call to the next, and perf put 72% of the tile loop's
+# samples on its corner loads.  In-process A/B against no hint, 2 threads, NDHWC: 8x8x32^3 (38
+# MiB) smooth 0.97-1.30x, random 1.10-1.33x, one thread 1.30-1.36x; 4x16x32^3 random
+# 1.20-1.39x; 2x16x40^3 smooth 1.34x, random 1.11x; 4x8x40^3 smooth 1.12x, random 1.24x;
+# 2x8x48^3 (34 MiB, 6.75 MiB items) smooth 1.08-1.23x but random 0.90-0.95x.  Not gated:
+# 1x16x32^3 (9 MiB) 0.80-0.85x; a channels-last copy of NCDHW, read right after it was written
+# (8x8x32^3 smooth 0.88x); fewer channels, the other branches (16x4x32^3 1.15x, but 1x4x96^3
+# 0.99-1.01x, 1x1x128^3 smooth 0.96x, 1x2x112^3 0.99x).
 cdef enum:
     PREFETCH_BWD_MIN_KIB = 3072
     PREFETCH_BWD_MIN_KIB_F64 = 1536
@@ -179,6 +190,7 @@ cdef enum:
     PREFETCH_FWD_FEW_MIN_KIB = 49152
     PREFETCH_FWD_FEW_SMOOTH_MIN_KIB = 32768
     PREFETCH_FWD_SHARED_MIN_KIB = 7168
+    PREFETCH_FWD_F64_MIN_KIB = 32768
 
 # gs3d_backward_rows (see backward_tile) against the tile loop it replaces, in-process A/B, 2
 # threads: with an input gradient it wins where a tile's points are close together (smooth
@@ -458,11 +470,26 @@ cdef inline bint few_call_prefetch_rule(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t
     call (input, grid and output) passes PREFETCH_FWD_FEW_MIN_KIB, or, on a grid that is not
     ``scattered`` (grid_scattered) and with other than FEW_FWD_ROWS_C channels,
     PREFETCH_FWD_FEW_SMOOTH_MIN_KIB.  (True with ``scattered`` implies True without it.)"""
-    cdef Py_ssize_t kib = N * (L * C + P * (3 + C)) * isz // 1024
+    cdef Py_ssize_t kib = call_kib(isz, N, C, L, P)
     return (isz == 4 and C <= PREFETCH_FWD_FEW_MAX_C
             and (kib > <Py_ssize_t>PREFETCH_FWD_FEW_MIN_KIB
                  or (not scattered and C != FEW_FWD_ROWS_C
                      and kib > <Py_ssize_t>PREFETCH_FWD_FEW_SMOOTH_MIN_KIB)))
+
+
+cdef inline bint f64_call_prefetch_rule(Py_ssize_t N, Py_ssize_t C, Py_ssize_t L,
+                                        Py_ssize_t P) noexcept nogil:
+    """float64's call gate in the forward's tile loop (N batch items of L voxels and C
+    channels, contiguous in the input, sampled at P points): a multiple of 8 channels (its
+    gs3d_corners_d branch) in a call past PREFETCH_FWD_F64_MIN_KIB."""
+    return C % 8 == 0 and call_kib(8, N, C, L, P) > <Py_ssize_t>PREFETCH_FWD_F64_MIN_KIB
+
+
+cdef inline Py_ssize_t call_kib(Py_ssize_t isz, Py_ssize_t N, Py_ssize_t C, Py_ssize_t L,
+                                Py_ssize_t P) noexcept nogil:
+    """KiB of a forward call's input, grid and output (N batch items of L voxels and C
+    channels sampled at P points, ``isz``-byte values)."""
+    return N * (L * C + P * (3 + C)) * isz // 1024
 
 
 cdef inline Py_ssize_t item_kib(Py_ssize_t values, Py_ssize_t isz) noexcept nogil:
@@ -472,12 +499,15 @@ cdef inline Py_ssize_t item_kib(Py_ssize_t values, Py_ssize_t isz) noexcept nogi
 
 
 def forward_prefetches(int itemsize, Py_ssize_t N, Py_ssize_t C, Py_ssize_t D, Py_ssize_t H,
-                       Py_ssize_t W, Py_ssize_t P, bint scattered=True):
-    """For tests: whether the gather forward (float32 and 16-bit storage where it runs; see
-    enable_simd_gather) prefetches: a batch item's input past PREFETCH_FWD_MIN_KIB (item_kib),
-    or few_call_prefetch_rule (``scattered``: the grid as grid_scattered finds it)."""
+                       Py_ssize_t W, Py_ssize_t P, bint scattered=True, bint in_place=False):
+    """For tests: whether the forward prefetches (float32 and 16-bit storage in the gather
+    forward where it runs, see enable_simd_gather; float64 in the tile loop): a batch item's
+    input past PREFETCH_FWD_MIN_KIB (item_kib), or few_call_prefetch_rule (``scattered``: the
+    grid as grid_scattered finds it), or for float64 whose channels are contiguous in the
+    caller's input (``in_place``: no channels-last copy) f64_call_prefetch_rule."""
     return bool(item_kib(D * H * W * C, itemsize) > <Py_ssize_t>PREFETCH_FWD_MIN_KIB
-                or few_call_prefetch_rule(itemsize, N, C, D * H * W, P, scattered))
+                or few_call_prefetch_rule(itemsize, N, C, D * H * W, P, scattered)
+                or (itemsize == 8 and in_place and f64_call_prefetch_rule(N, C, D * H * W, P)))
 
 
 cdef void init_geo_raw(Geo* g, Py_ssize_t* xshape, Py_ssize_t* xstrides, Py_ssize_t* qshape,
@@ -1291,6 +1321,10 @@ cdef void forward_run(const store_t* x, const store_t* q, store_t* out, acc_t* s
                 and few_call_prefetch_rule(sizeof(store_t), g.N, g.C, g.D * g.H * g.W, P, False)
                 and (few_call_prefetch_rule(sizeof(store_t), g.N, g.C, g.D * g.H * g.W, P, True)
                      or not grid_scattered(q, g))):
+            g.prefetch_fwd = True
+    if store_t is double:
+        # (a channels-last copy is read right after it is written: no hints there)
+        if g.xs[4] == 1 and f64_call_prefetch_rule(g.N, g.C, g.D * g.H * g.W, P):
             g.prefetch_fwd = True
     # several threads, each on whole batch items in its own copy (see below)
     items_per_thread = nthreads > 1 and g.N >= nthreads and nxcl >= nthreads * item

@@ -323,6 +323,13 @@ def test_forward_prefetch_gates():
         assert not fp(4, 1, 4, 96, 96, 96, L, scattered=False)        # 37 MiB
         assert fp(4, 2, 4, 96, 96, 96, L, scattered=False)            # 74 MiB
         assert not fp(8, 1, 1, 128, 128, 128, L1, scattered=False)     # float64
+        # float64 with a multiple of 8 channels contiguous in the caller's input, from 32 MiB
+        assert fp(8, 8, 8, 32, 32, 32, 32 ** 3, in_place=True)         # 38 MiB, 2 MiB items
+        assert not fp(8, 8, 8, 32, 32, 32, 32 ** 3)                    # a channels-last copy
+        assert not fp(8, 16, 4, 32, 32, 32, 32 ** 3, in_place=True)    # four channels, 44 MiB
+        assert not fp(4, 16, 8, 32, 32, 32, 32 ** 3, in_place=True)    # float32, 38 MiB
+        assert not fp(8, 8, 8, 64, 32, 32, 0, in_place=True)           # 32 MiB does not pass,
+        assert fp(8, 8, 8, 64, 32, 32, 64, in_place=True)              # 44 KiB more does
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -371,6 +378,32 @@ def test_forward_prefetching_smooth_call_against_its_halves():
     want = ref.grid_sample_3d(x.astype(np.float64), sub.astype(np.float64))
     got = out[0, 0, pts[:, 0], pts[:, 1], pts[:, 2]]
     assert rel_err(got, want.ravel()) <= TOLERANCE["float32"]
+
+
+def test_float64_forward_prefetching_call_against_its_halves():
+    """float64, eight channels-last channels, eight batch items of 32^3 on a grid reaching
+    past the borders: a 38 MiB call past PREFETCH_FWD_F64_MIN_KIB, at one and two threads;
+    each half of its batch alone (19 MiB: no hints) gives the same bits, and a sample of
+    points the reference's values."""
+    rng = np.random.default_rng(24)
+    N, C, S = 8, 8, 32
+    assert gs3d._kernels.forward_prefetches(8, N, C, S, S, S, S ** 3, in_place=True)
+    assert not gs3d._kernels.forward_prefetches(8, N // 2, C, S, S, S, S ** 3, in_place=True)
+    x = rng.standard_normal((N, S, S, S, C))
+    grid = rng.uniform(-1.1, 1.1, (N, S, S, S, 3))
+    for threads in (1, 2):
+        out = gs3d.grid_sample_3d(x, grid, layout="NDHWC", num_threads=threads)
+        for h in (slice(0, N // 2), slice(N // 2, N)):
+            part = gs3d.grid_sample_3d(x[h], grid[h], layout="NDHWC", num_threads=threads)
+            assert np.array_equal(part, out[h]), (threads, h)
+    pts = rng.integers(0, S, (200, 4))
+    pts[:, 0] %= N
+    for n in range(N):
+        sel = pts[pts[:, 0] == n]
+        sub = grid[n, sel[:, 1], sel[:, 2], sel[:, 3]].reshape(1, 1, 1, -1, 3)
+        want = ref.grid_sample_3d(np.moveaxis(x[n:n + 1], 4, 1), sub)
+        got = out[n, sel[:, 1], sel[:, 2], sel[:, 3]]
+        assert rel_err(got, want[0, :, 0, 0].T) <= TOLERANCE["float64"], n
 
 
 def test_forward_through_a_shared_copy_past_its_prefetch_gate():
