@@ -176,8 +176,8 @@ cdef enum:
 # past PREFETCH_FWD_F64_MIN_KIB (f64_call_prefetch_rule; this host's L3): then the call's data
 # does not stay in the caches from one call to the next, and perf put 72% of the tile loop's
 # samples on its corner loads.  In-process A/B against no hint, 2 threads, NDHWC: 8x8x32^3 (38
-# MiB) smooth 0.97-1.30x, random 1.10-1.33x, one thread 1.30-1.36x; 4x16x32^3 random
-# 1.20-1.39x; 2x16x40^3 smooth 1.34x, random 1.11x; 4x8x40^3 smooth 1.12x, random 1.24x;
+# MiB) smooth 0.97-1.30x, random 1.01-1.34x, one thread 1.21-1.36x; 4x16x32^3 random
+# 1.17-1.39x; 2x16x40^3 smooth 1.34x, random 1.11x; 4x8x40^3 smooth 1.12x, random 1.24x;
 # 2x8x48^3 (34 MiB, 6.75 MiB items) smooth 1.08-1.23x but random 0.90-0.95x.  Not gated:
 # 1x16x32^3 (9 MiB) 0.80-0.85x; a channels-last copy of NCDHW, read right after it was written
 # (8x8x32^3 smooth 0.88x); fewer channels, the other branches (16x4x32^3 1.15x, but 1x4x96^3
