@@ -87,8 +87,9 @@ def _kernel_extension(name, simd_flags=()):
 # instructions (runtime dispatch: the default build still runs anywhere). -ffp-contract=off
 # keeps FMA instructions out of the arithmetic, so all variants give bitwise the same results.
 # The AVX-512 variant's own code is hand-written 512-bit intrinsics (the coordinate mapping,
-# and the forward's and the channels-last backward's loops over a multiple of 16 channels; see
-# gs3d/_kernels_avx512.pyx); its compiler-vectorised loops stay 256 bits wide
+# the forward's and the channels-last backward's loops over a multiple of 16 channels, and
+# float64's over a multiple of 8; see gs3d/_kernels_avx512.pyx); its compiler-vectorised loops
+# stay 256 bits wide
 # (-mprefer-vector-width=256). On older AVX-512 CPUs (Skylake-SP, Cascade Lake) 512-bit
 # floating-point work can lower the core's clock; the 512-bit loops were measured only on a
 # Sapphire Rapids-class Xeon, and GS3D_SIMD=avx2 selects the AVX2 module instead.

@@ -45,8 +45,10 @@ cdef extern from *:
     }
     #if defined(__GNUC__) || defined(__clang__)
     #define GS3D_ALWAYS_INLINE static inline __attribute__((always_inline))
+    #define GS3D_NOINLINE static __attribute__((noinline))
     #else
     #define GS3D_ALWAYS_INLINE static inline
+    #define GS3D_NOINLINE static
     #endif
     /* the most channels gs3d_backward_cl_avx2 converts 16-bit grad_output for in place */
     #define GS3D_CL_GOBUF 64
@@ -258,8 +260,213 @@ cdef extern from *:
         } \
     }
     GS3D_CHANNEL_LOOPS(float, f)
+    #if defined(__AVX2__)
+    #define gs3d_corners_d gs3d_corners_d_loop
+    #endif
     GS3D_CHANNEL_LOOPS(double, d)
     #undef GS3D_CHANNEL_LOOPS
+    #if defined(__AVX2__)
+    #undef gs3d_corners_d
+    #include <immintrin.h>
+    /* float64 with a multiple of 8 channels in the SIMD builds: eight doubles as one vector
+       (one 512-bit register in the AVX-512 build, two 256-bit ones in the AVX2 build), lane l
+       holding channel c + l of a block of eight, so every lane's arithmetic is the scalar
+       loops' (gs3d_corners_d_loop, gs3d_dot_d, gs3d_axpy_d) in the same order: the same bits
+       in every build. */
+    #define GS3D_HAVE_V8D 1
+    #if defined(__AVX512F__)
+    typedef __m512d gs3d_v8d;
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_zero(void) { return _mm512_setzero_pd(); }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_set1(double v) { return _mm512_set1_pd(v); }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_ld(const double* p) { return _mm512_loadu_pd(p); }
+    GS3D_ALWAYS_INLINE void gs3d_v8d_st(double* p, gs3d_v8d v) { _mm512_storeu_pd(p, v); }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_add(gs3d_v8d a, gs3d_v8d b) { return _mm512_add_pd(a, b); }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_mul(gs3d_v8d a, gs3d_v8d b) { return _mm512_mul_pd(a, b); }
+    /* lanes l + (l + 4) of a (low half) and of b (high half) */
+    GS3D_ALWAYS_INLINE __m512d gs3d_fold_d(__m512d a, __m512d b) {
+        return _mm512_add_pd(_mm512_shuffle_f64x2(a, b, 0x44), _mm512_shuffle_f64x2(a, b, 0xEE));
+    }
+    /* the eight corners' dot vectors reduced together in lane_sum's tree and operand order:
+       d8[j] = ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)) of S[j] */
+    GS3D_ALWAYS_INLINE void gs3d_reduce8_d(gs3d_v8d s0, gs3d_v8d s1, gs3d_v8d s2, gs3d_v8d s3,
+                                           gs3d_v8d s4, gs3d_v8d s5, gs3d_v8d s6, gs3d_v8d s7,
+                                           double* d8) {
+        /* lanes l + (l + 4) of corners 2k (low half) and 2k + 1 (high half) */
+        const __m512d f0 = gs3d_fold_d(s0, s1), f1 = gs3d_fold_d(s2, s3);
+        const __m512d f2 = gs3d_fold_d(s4, s5), f3 = gs3d_fold_d(s6, s7);
+        /* (0 4) + (2 6) and (1 5) + (3 7): corners 0-3 in lo, 4-7 in hi, two lanes each */
+        __m512d lo = _mm512_add_pd(_mm512_shuffle_f64x2(f0, f1, 0x88), _mm512_shuffle_f64x2(f0, f1, 0xDD));
+        const __m512d hi = _mm512_add_pd(_mm512_shuffle_f64x2(f2, f3, 0x88),
+                                         _mm512_shuffle_f64x2(f2, f3, 0xDD));
+        /* their sums, corners 0 4 1 5 2 6 3 7, put in corner order */
+        lo = _mm512_add_pd(_mm512_unpacklo_pd(lo, hi), _mm512_unpackhi_pd(lo, hi));
+        _mm512_storeu_pd(d8, _mm512_permutexvar_pd(_mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), lo));
+    }
+    #else
+    typedef struct { __m256d l, h; } gs3d_v8d;      /* lanes 0-3, 4-7 */
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_zero(void) {
+        gs3d_v8d r; r.l = r.h = _mm256_setzero_pd(); return r;
+    }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_set1(double v) {
+        gs3d_v8d r; r.l = r.h = _mm256_set1_pd(v); return r;
+    }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_ld(const double* p) {
+        gs3d_v8d r; r.l = _mm256_loadu_pd(p); r.h = _mm256_loadu_pd(p + 4); return r;
+    }
+    GS3D_ALWAYS_INLINE void gs3d_v8d_st(double* p, gs3d_v8d v) {
+        _mm256_storeu_pd(p, v.l); _mm256_storeu_pd(p + 4, v.h);
+    }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_add(gs3d_v8d a, gs3d_v8d b) {
+        gs3d_v8d r; r.l = _mm256_add_pd(a.l, b.l); r.h = _mm256_add_pd(a.h, b.h); return r;
+    }
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_v8d_mul(gs3d_v8d a, gs3d_v8d b) {
+        gs3d_v8d r; r.l = _mm256_mul_pd(a.l, b.l); r.h = _mm256_mul_pd(a.h, b.h); return r;
+    }
+    /* (0 4) + (2 6), (1 5) + (3 7) of a (low half) and of b (high half) */
+    GS3D_ALWAYS_INLINE __m256d gs3d_pairs_d(gs3d_v8d a, gs3d_v8d b) {
+        const __m256d fa = _mm256_add_pd(a.l, a.h), fb = _mm256_add_pd(b.l, b.h);
+        return _mm256_add_pd(_mm256_permute2f128_pd(fa, fb, 0x20),
+                             _mm256_permute2f128_pd(fa, fb, 0x31));
+    }
+    /* gs3d_reduce8_d (above) with 256-bit vectors */
+    GS3D_ALWAYS_INLINE void gs3d_reduce8_d(gs3d_v8d s0, gs3d_v8d s1, gs3d_v8d s2, gs3d_v8d s3,
+                                           gs3d_v8d s4, gs3d_v8d s5, gs3d_v8d s6, gs3d_v8d s7,
+                                           double* d8) {
+        const __m256d p01 = gs3d_pairs_d(s0, s1), p23 = gs3d_pairs_d(s2, s3);
+        const __m256d p45 = gs3d_pairs_d(s4, s5), p67 = gs3d_pairs_d(s6, s7);
+        /* corners 0 2 1 3 and 4 6 5 7, put in corner order */
+        const __m256d r0 = _mm256_add_pd(_mm256_unpacklo_pd(p01, p23), _mm256_unpackhi_pd(p01, p23));
+        const __m256d r1 = _mm256_add_pd(_mm256_unpacklo_pd(p45, p67), _mm256_unpackhi_pd(p45, p67));
+        _mm256_storeu_pd(d8, _mm256_permute4x64_pd(r0, 0xD8));
+        _mm256_storeu_pd(d8 + 4, _mm256_permute4x64_pd(r1, 0xD8));
+    }
+    #endif
+    /* gs3d_corners_d_loop with the blocks of up to 32 channels summed side by side (each
+       block's sum is still one chain of adds in corner order; a block at a time, that chain's
+       latency was the loop's cost).  Eight channels (one block) keep the loop: as one 512-bit
+       vector they lost on the channels-last copy of NCDHW (8x8x32^3 smooth 0.85-0.91x), and
+       so did the loop compiled for exactly 8 (0.87-0.92x) */
+    GS3D_ALWAYS_INLINE void gs3d_corners_d_blocks(double* __restrict r, const double* __restrict x,
+                                                  const Py_ssize_t* __restrict off,
+                                                  const double* __restrict w, unsigned v,
+                                                  const int nb) {
+        gs3d_v8d s[4], wj;
+        int j, b;
+        for (b = 0; b < nb; b++)
+            s[b] = gs3d_v8d_zero();
+        for (j = 0; j < 8; j++)
+            if ((v >> j) & 1) {
+                wj = gs3d_v8d_set1(w[j]);
+                for (b = 0; b < nb; b++)
+                    s[b] = gs3d_v8d_add(s[b], gs3d_v8d_mul(wj, gs3d_v8d_ld(x + off[j] + 8 * b)));
+            }
+        for (b = 0; b < nb; b++)
+            gs3d_v8d_st(r + 8 * b, s[b]);
+    }
+    /* (out of line, so that the eight-channel loop inlined in forward_tile stays as it was) */
+    GS3D_NOINLINE void gs3d_corners_d_wide(
+            double* __restrict r, const double* __restrict x, const Py_ssize_t* __restrict off,
+            const double* __restrict w, unsigned v, Py_ssize_t C) {
+        Py_ssize_t c = 0;
+        for (; c + 32 <= C; c += 32)
+            gs3d_corners_d_blocks(r + c, x + c, off, w, v, 4);
+        if (C - c == 24)
+            gs3d_corners_d_blocks(r + c, x + c, off, w, v, 3);
+        else if (C - c == 16)
+            gs3d_corners_d_blocks(r + c, x + c, off, w, v, 2);
+        else if (C - c == 8)
+            gs3d_corners_d_blocks(r + c, x + c, off, w, v, 1);
+    }
+    static inline void gs3d_corners_d(double* __restrict r, const double* __restrict x,
+                                      const Py_ssize_t* __restrict off, const double* __restrict w,
+                                      unsigned v, Py_ssize_t C) {
+        if (C < 16)
+            gs3d_corners_d_loop(r, x, off, w, v, C);
+        else
+            gs3d_corners_d_wide(r, x, off, w, v, C);
+    }
+    /* one corner's dot vector: +0, plus go[c] * x[c] in lane c % 8, block by block (go's nb
+       blocks in G; nb 0: C / 8 blocks read from go) */
+    GS3D_ALWAYS_INLINE gs3d_v8d gs3d_dot8_d(const gs3d_v8d* G, const double* __restrict go,
+                                            const double* __restrict xj, Py_ssize_t C,
+                                            const int nb) {
+        gs3d_v8d s = gs3d_v8d_zero();
+        Py_ssize_t c;
+        int b;
+        if (nb)
+            for (b = 0; b < nb; b++)
+                s = gs3d_v8d_add(s, gs3d_v8d_mul(G[b], gs3d_v8d_ld(xj + 8 * b)));
+        else
+            for (c = 0; c < C; c += 8)
+                s = gs3d_v8d_add(s, gs3d_v8d_mul(gs3d_v8d_ld(go + c), gs3d_v8d_ld(xj + c)));
+        return s;
+    }
+    /* backward_tile's work for one float64 point, channels contiguous in the input, the
+       accumulator and grad_output (go), C a multiple of 8 (nb blocks of eight kept in
+       registers; 0: C / 8 at run time, read from go): d8[j] = gs3d_dot_d(go, x + xb + xd[j],
+       C) for the corners j in vd (0 for the others; d8 untouched when vd is 0), then
+       A[ab + ad[j] + c] += w[j * ws] *
+       go[c] (gs3d_axpy_d) for the corners in vs, in corner order.  Each corner's dot is one
+       vector from +0 (gs3d_dot8_d); the eight are reduced together by gs3d_reduce8_d. */
+    GS3D_ALWAYS_INLINE void gs3d_point_bwd_d_body(const double* __restrict x, Py_ssize_t xb,
+                                                  const Py_ssize_t* __restrict xd, double* A,
+                                                  Py_ssize_t ab, const Py_ssize_t* __restrict ad,
+                                                  const double* __restrict w, Py_ssize_t ws,
+                                                  const double* __restrict go, unsigned vd,
+                                                  unsigned vs, Py_ssize_t C,
+                                                  double* __restrict d8, const int nb) {
+        const gs3d_v8d z = gs3d_v8d_zero();
+        gs3d_v8d G[4], wj;
+        double* a;
+        Py_ssize_t c;
+        int j, b;
+        if (!(vd | vs))
+            return;         /* (go is not read) */
+        for (b = 0; b < nb; b++)
+            G[b] = gs3d_v8d_ld(go + 8 * b);
+        if (vd) {
+            const double* xp = x + xb;
+            #define GS3D_DOT(J) ((vd >> (J)) & 1 ? gs3d_dot8_d(G, go, xp + xd[J], C, nb) : z)
+            gs3d_reduce8_d(GS3D_DOT(0), GS3D_DOT(1), GS3D_DOT(2), GS3D_DOT(3), GS3D_DOT(4),
+                           GS3D_DOT(5), GS3D_DOT(6), GS3D_DOT(7), d8);
+            #undef GS3D_DOT
+        }
+        for (j = 0; j < 8; j++)
+            if ((vs >> j) & 1) {
+                wj = gs3d_v8d_set1(w[j * ws]);
+                a = A + ab + ad[j];
+                if (nb)
+                    for (b = 0; b < nb; b++)
+                        gs3d_v8d_st(a + 8 * b, gs3d_v8d_add(gs3d_v8d_ld(a + 8 * b),
+                                                            gs3d_v8d_mul(wj, G[b])));
+                else
+                    for (c = 0; c < C; c += 8)
+                        gs3d_v8d_st(a + c, gs3d_v8d_add(gs3d_v8d_ld(a + c),
+                                                        gs3d_v8d_mul(wj, gs3d_v8d_ld(go + c))));
+            }
+    }
+    GS3D_ALWAYS_INLINE void gs3d_point_bwd_d(const double* x, Py_ssize_t xb, const Py_ssize_t* xd,
+                                             double* A, Py_ssize_t ab, const Py_ssize_t* ad,
+                                             const double* w, Py_ssize_t ws, const double* go,
+                                             unsigned vd, unsigned vs, Py_ssize_t C, double* d8) {
+        switch (C) {
+            case 8: gs3d_point_bwd_d_body(x, xb, xd, A, ab, ad, w, ws, go, vd, vs, 8, d8, 1); break;
+            case 16: gs3d_point_bwd_d_body(x, xb, xd, A, ab, ad, w, ws, go, vd, vs, 16, d8, 2); break;
+            case 24: gs3d_point_bwd_d_body(x, xb, xd, A, ab, ad, w, ws, go, vd, vs, 24, d8, 3); break;
+            case 32: gs3d_point_bwd_d_body(x, xb, xd, A, ab, ad, w, ws, go, vd, vs, 32, d8, 4); break;
+            default: gs3d_point_bwd_d_body(x, xb, xd, A, ab, ad, w, ws, go, vd, vs, C, d8, 0);
+        }
+    }
+    #else
+    #define GS3D_HAVE_V8D 0
+    static inline void gs3d_point_bwd_d(const double* x, Py_ssize_t xb, const Py_ssize_t* xd,
+                                        double* A, Py_ssize_t ab, const Py_ssize_t* ad,
+                                        const double* w, Py_ssize_t ws, const double* go,
+                                        unsigned vd, unsigned vs, Py_ssize_t C, double* d8) {
+        (void)x; (void)xb; (void)xd; (void)A; (void)ab; (void)ad; (void)w; (void)ws;
+        (void)go; (void)vd; (void)vs; (void)C; (void)d8;
+    }
+    #endif
     /* The same dot product with 16-bit x (float16 when bf is 0, else bfloat16), eight
        channels converted at once (both exact) and summed as one vector: the lanes and the tree
        of gs3d_dot_f, so the bits of dot_channels' scalar loop.  AVX2 + F16C build only
@@ -2459,6 +2666,11 @@ cdef extern from *:
                         unsigned v, Py_ssize_t C) noexcept nogil
     void gs3d_corners_d(double* r, const double* x, const Py_ssize_t* off, const double* w,
                         unsigned v, Py_ssize_t C) noexcept nogil
+    int GS3D_HAVE_V8D
+    void gs3d_point_bwd_d(const double* x, Py_ssize_t xb, const Py_ssize_t* xd, double* A,
+                          Py_ssize_t ab, const Py_ssize_t* ad, const double* w, Py_ssize_t ws,
+                          const double* go, unsigned vd, unsigned vs, Py_ssize_t C,
+                          double* d8) noexcept nogil
     const unsigned char* gs3d_corners_x
     const unsigned char* gs3d_corners_y
     const unsigned char* gs3d_corners_z

@@ -51,7 +51,7 @@ from gs3d._helpers cimport (
     HALF_BF16, gs3d_map_axis_linear, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
-    gs3d_corners_f, gs3d_corners_d,
+    gs3d_corners_f, gs3d_corners_d, GS3D_HAVE_V8D, gs3d_point_bwd_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f,
     gs3d_tile_planes_h, gs3d_transpose_f, gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
@@ -1109,7 +1109,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t* r
     cdef int hk = g.half_kind
     cdef gs3d_clf_args clf
-    cdef bint use_cl = False
+    cdef bint use_cl = False, direct = False
     As[0] = As[1] = As[2] = As[3] = 0
     if g.mode == MODE_NEAREST:
         nearest_forward_tile(x, q, out, g, t, n, p0, cnt, scratch)
@@ -1166,6 +1166,10 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             if GS3D_HAVE_HALF_SIMD and C % 8 == 0 and obuf != NULL and C <= STAGE:
                 use_cl = True
                 per = <int>min(<Py_ssize_t>TILE, STAGE // C)
+        if ((store_t is double and acc_t is double) or (store_t is float and acc_t is float)):
+            # a multiple of 8 channels into a channels-last output: each point's sums stored
+            # there by gs3d_corners_d / _f (below) instead of copied from scratch
+            direct = not use_cl and not per and oc == 1 and C % 8 == 0
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
@@ -1187,6 +1191,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             else:
                 for i in range(i0, i1):
                     r = &obuf[(i - i0) * C] if per else scratch
+                    if direct:
+                        r = <acc_t*>&out[t.ob[i]]
                     v = t.vs[i]
                     if i + ahead < cnt and t.vs[i + ahead]:
                         prefetch_corners(x, scratch, t, i + ahead, t.vs[i + ahead], 0)
@@ -1210,7 +1216,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                                 w = corner_weight(t, i, j, scratch)
                                 for c in range(C):
                                     r[c] = r[c] + w * <acc_t>ld(x, xo(t, i, j) + c, hk)
-                    if not per:
+                    if not per and not direct:
                         for c in range(C):
                             st(out, t.ob[i] + c * oc, r[c], hk)
             if per and use_cl and oc == 1:
@@ -1891,7 +1897,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
     cdef gs3d_cl_args cl
-    cdef bint staged, cl_ok
+    cdef bint staged, cl_ok, v8d = False
     cdef Py_ssize_t extra, pstep, nxt
     cdef gs3d_rows_args rw
     if g.mode == MODE_NEAREST:
@@ -2048,6 +2054,8 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         # points are first gathered channel by channel into ``dots`` (64 * TILE values), so
         # each channel's run of consecutive points is read in one go
         per = <int>min(<Py_ssize_t>TILE, STAGE // C) if gc != 1 and C <= STAGE else 0
+        if store_t is double and acc_t is double:
+            v8d = GS3D_HAVE_V8D and C % 8 == 0
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
@@ -2065,6 +2073,9 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                                      t.vs[i + ahead])
                 if per:
                     gp = &dots[(i - i0) * C]
+                elif (vs or vd) and gc == 1 and store_t is double and acc_t is double:
+                    # float64: grad_output's values read in place
+                    gp = <acc_t*>&grad[t.ob[i]]
                 elif vs or vd:
                     if gc == 1:
                         load_channels(grad, t.ob[i], C, hk, go)
@@ -2073,6 +2084,15 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
                         for c in range(C):
                             go[c] = <acc_t>ld(grad, t.ob[i] + c * gc, hk)
                     gp = go
+                if v8d:
+                    # float64, a multiple of 8 channels, SIMD builds: the loops below in C
+                    # (gs3d_point_bwd_d), the corners' dots reduced together, same bits
+                    if store_t is double and acc_t is double:
+                        gs3d_point_bwd_d(x, t.xb[i], t.xd, A, t.ab[i], t.ad, &t.w[i], TILE, gp,
+                                         vd, vs, C, d8)
+                    if t.own[i]:
+                        grid_grad_of(t, i, d8, 1, dq, g.os[4], hk)
+                    continue
                 if t.own[i]:
                     for j in range(8):
                         if (vd >> j) & 1:

@@ -650,13 +650,17 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
 @pytest.mark.parametrize("align", [False, True])
 @pytest.mark.parametrize("padding", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("n_points", [1, 3, 4, 5, 64, 203])
-@pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NDHWC"), (8, "NDHWC"), (16, "NCDHW")])
+@pytest.mark.parametrize("C,layout", [(1, "NCDHW"), (3, "NDHWC"), (8, "NDHWC"), (16, "NCDHW"),
+                                      (16, "NDHWC"), (24, "NDHWC"), (32, "NCDHW"),
+                                      (40, "NDHWC")])
 def test_float64_agrees_across_builds(align, padding, n_points, C, layout):
     """float64 runs the tile loop in every build, its channel loops (gs3d_corners_d,
-    gs3d_dot_d, gs3d_axpy_d) compiled for each build's instruction set: forward, input
-    gradient and grid gradient must have the same bits in all, for every tail length, with
-    NaN/inf/huge coordinates, at one thread and at two (a batch item per thread, and one item
-    shared by both), and agree with the reference."""
+    gs3d_dot_d, gs3d_axpy_d) compiled for each build's instruction set, and in the AVX-512
+    build a multiple of 8 channels through 512-bit code (gs3d_corners_d's blocks side by side,
+    gs3d_point_bwd_d's dots reduced together; 8 to 32 channels unrolled, 40 the general loop):
+    forward, input gradient and grid gradient must have the same bits in all, for every tail
+    length, with NaN/inf/huge coordinates, at one thread and at two (a batch item per thread,
+    and one item shared by both), and agree with the reference."""
     from gs3d import reference
     rng = np.random.default_rng(100 + n_points)
     x = rng.standard_normal((2, C, 4, 5, 6))
@@ -680,6 +684,33 @@ def test_float64_agrees_across_builds(align, padding, n_points, C, layout):
         for a, w in zip(results[0], want):
             w = w[:n]
             assert np.abs(a - w).max() <= 1e-12 * max(np.abs(w).max(), 1.0), (threads, n)
+
+
+@pytest.mark.parametrize("C", [8, 16, 40, 72])
+def test_float64_strided_grad_output_agrees_across_builds(C):
+    """A channels-last grad_output whose channel stride is not 1 (an NCDHW array's axes moved):
+    the float64 backward stages each group of points' values channel by channel (at most 64
+    points; C = 72 reads them in place, strided) before the per-point loops.  Same bits in
+    every build as with a contiguous grad_output, and the reference's values."""
+    from gs3d import reference
+    rng = np.random.default_rng(C)
+    x = np.ascontiguousarray(np.moveaxis(rng.standard_normal((2, C, 5, 4, 6)), 1, 4))
+    q = _c1_grid(rng, 2 * 150, 4).reshape(2, 3, 5, 10, 3)
+    go_ncdhw = rng.standard_normal((2, C, 3, 5, 10))
+    go_view = np.moveaxis(go_ncdhw, 1, 4)
+    assert go_view.strides[4] != go_view.itemsize
+    kw = dict(layout="NDHWC", padding_mode="zeros", num_threads=1)
+    want = reference.grid_sample_3d_backward(go_view, x, q, layout="NDHWC")
+    base = None
+    for module in kernel_modules():
+        for go in (go_view, np.ascontiguousarray(go_view)):
+            r = run_with(module, lambda: gs3d.grid_sample_3d_backward(go, x, q, **kw))
+            bits = [a.view(np.uint64) for a in r]
+            if base is None:
+                base = bits
+                for a, w in zip(r, want):
+                    assert np.abs(a - w).max() <= 1e-12 * max(np.abs(w).max(), 1.0)
+            assert all(np.array_equal(a, b) for a, b in zip(base, bits)), module.__name__
 
 
 @pytest.mark.parametrize("variant", ["grid_view", "out_view", "negative_strides", "ndhwc",
@@ -1040,7 +1071,7 @@ def test_channel_dot_keeps_its_lane_order(layout, dtype, partner):
 
 
 @pytest.mark.parametrize("layout", ["NCDHW", "NDHWC"])
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
 @pytest.mark.parametrize("C", [8, 16, 32])
 def test_signed_zero_channel_dots_agree_across_builds(layout, dtype, C):
     """grad_output -0 everywhere, input -1 at even and +1 at odd x: every product of a
@@ -1049,7 +1080,7 @@ def test_signed_zero_channel_dots_agree_across_builds(layout, dtype, C):
     the east corners, and the grid gradient's x component (east minus west dots) turns -0.
     The SIMD builds must give the baseline's bits, signs of zeros included, and the baseline
     gives +0: float32 with C = 16 and 32 runs the AVX-512 module's sixteen-products-per-
-    multiply dot, C = 8 and 16-bit inputs the eight-lane one."""
+    multiply dot, C = 8 and 16-bit inputs the eight-lane one, float64 gs3d_point_bwd_d."""
     dt = np_dtype(dtype)
     rng = np.random.default_rng(C)
     sign = np.where(np.arange(7) % 2 == 0, -1.0, 1.0)
