@@ -2180,6 +2180,39 @@ cdef extern from *:
             for (r = r8; r < R; r++)
                 dst[l * ds + r] = src[r * ss + l];
     }
+    /* the same transposition of float64 values (or any 64-bit ones: copied as they are), by
+       4 x 4 blocks in registers */
+    static void gs3d_transpose_d(const double* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                 double* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        const Py_ssize_t r4 = R - R % 4, l4 = L - L % 4;
+        Py_ssize_t r, l, k;
+        __m256d a0, a1, a2, a3, t0, t1, t2, t3;
+        for (r = 0; r < r4; r += 4) {
+            if (pf > 0)
+                for (k = 0; k < 4; k++)
+                    gs3d_cl_span((const char*)(src + (r + k) * ss + L), pf * 8);
+            for (l = 0; l < l4; l += 4) {
+                a0 = _mm256_loadu_pd(src + r * ss + l);
+                a1 = _mm256_loadu_pd(src + (r + 1) * ss + l);
+                a2 = _mm256_loadu_pd(src + (r + 2) * ss + l);
+                a3 = _mm256_loadu_pd(src + (r + 3) * ss + l);
+                t0 = _mm256_unpacklo_pd(a0, a1);    /* columns 0, 2 of rows r, r + 1 */
+                t1 = _mm256_unpackhi_pd(a0, a1);    /* columns 1, 3 */
+                t2 = _mm256_unpacklo_pd(a2, a3);
+                t3 = _mm256_unpackhi_pd(a2, a3);
+                _mm256_storeu_pd(dst + l * ds + r, _mm256_permute2f128_pd(t0, t2, 0x20));
+                _mm256_storeu_pd(dst + (l + 1) * ds + r, _mm256_permute2f128_pd(t1, t3, 0x20));
+                _mm256_storeu_pd(dst + (l + 2) * ds + r, _mm256_permute2f128_pd(t0, t2, 0x31));
+                _mm256_storeu_pd(dst + (l + 3) * ds + r, _mm256_permute2f128_pd(t1, t3, 0x31));
+            }
+            for (l = l4; l < L; l++)
+                for (k = 0; k < 4; k++)
+                    dst[l * ds + r + k] = src[(r + k) * ss + l];
+        }
+        for (l = 0; l < L; l++)
+            for (r = r4; r < R; r++)
+                dst[l * ds + r] = src[r * ss + l];
+    }
     /* dst[l * ds + r] = src[r * ss + l] rounded to 16-bit storage (float16, or bfloat16 when
        bf): eight values of dst at a time by gs3d_store8_h (the bits of store_planes' scalar
        rounding), the partial blocks of the edges through a padded block */
@@ -2544,6 +2577,10 @@ cdef extern from *:
                                   uint16_t* dst, Py_ssize_t ds, int bf) {
         (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)bf;
     }
+    static void gs3d_transpose_d(const double* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                                 double* dst, Py_ssize_t ds, Py_ssize_t pf) {
+        (void)src; (void)ss; (void)R; (void)L; (void)dst; (void)ds; (void)pf;
+    }
     static void gs3d_forward_cl_avx2(const gs3d_clf_args* a) { (void)a; }
     #endif
     static inline float gs3d_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -2632,6 +2669,8 @@ cdef extern from *:
                             uint16_t* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
     void gs3d_transpose_fh(const float* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
                            uint16_t* dst, Py_ssize_t ds, int bf) noexcept nogil
+    void gs3d_transpose_d(const double* src, Py_ssize_t ss, Py_ssize_t R, Py_ssize_t L,
+                          double* dst, Py_ssize_t ds, Py_ssize_t pf) noexcept nogil
     ctypedef struct gs3d_clf_args:
         const float* x
         float* out

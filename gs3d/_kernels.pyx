@@ -55,6 +55,7 @@ from gs3d._helpers cimport (
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f,
     gs3d_tile_planes_h, gs3d_transpose_f, gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
+    gs3d_transpose_d,
 )
 
 ctypedef fused store_t:
@@ -633,8 +634,8 @@ cdef void transpose_planes(const store_t* x, Geo* g, store_t* xT, Py_ssize_t zlo
                            Py_ssize_t zhi) noexcept nogil:
     """Copy the depth planes [zlo, zhi) of one batch item of the input (``x`` points at its
     first element, strides ``g.xs``) into the contiguous (D, H, W, C) buffer ``xT``, blocked over
-    W so that every cache line of a channel row is read in one go (float32 and 16-bit rows
-    contiguous along W: gs3d_transpose_f / gs3d_transpose_u16, 8 x 8 blocks in registers)."""
+    W so that every cache line of a channel row is read in one go (rows contiguous along W:
+    gs3d_transpose_f / gs3d_transpose_u16, 8 x 8 blocks in registers, gs3d_transpose_d 4 x 4)."""
     cdef Py_ssize_t z, y, x0, x1, xx, c, o, d, C = g.C
     cdef Py_ssize_t xs1 = g.xs[1], xs2 = g.xs[2], xs3 = g.xs[3], xs4 = g.xs[4]
     for z in range(zlo, zhi):
@@ -649,6 +650,9 @@ cdef void transpose_planes(const store_t* x, Geo* g, store_t* xT, Py_ssize_t zlo
                     continue
                 elif store_t is not double:
                     gs3d_transpose_u16(&x[o], xs4, C, g.W, &xT[d], C, g.W if xs2 == g.W else 0)
+                    continue
+                else:
+                    gs3d_transpose_d(&x[o], xs4, C, g.W, &xT[d], C, g.W if xs2 == g.W else 0)
                     continue
             x0 = 0
             while x0 < g.W:
@@ -1109,7 +1113,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t* r
     cdef int hk = g.half_kind
     cdef gs3d_clf_args clf
-    cdef bint use_cl = False, direct = False
+    cdef bint use_cl = False, direct = False, out_flat, unstaged
+    cdef Py_ssize_t pstep
     As[0] = As[1] = As[2] = As[3] = 0
     if g.mode == MODE_NEAREST:
         nearest_forward_tile(x, q, out, g, t, n, p0, cnt, scratch)
@@ -1170,6 +1175,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             # a multiple of 8 channels into a channels-last output: each point's sums stored
             # there by gs3d_corners_d / _f (below) instead of copied from scratch
             direct = not use_cl and not per and oc == 1 and C % 8 == 0
+        out_flat = per and flat_points(g.gs, g, &pstep) and pstep == 1
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
@@ -1225,9 +1231,16 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                     for i in range(i0, i1):
                         gs3d_store_h(&obuf[(i - i0) * C], &out[t.ob[i]], C, hk == HALF_BF16)
             elif per:
-                for c in range(C):
-                    for i in range(i0, i1):
-                        st(out, t.ob[i] + c * oc, obuf[(i - i0) * C + c], hk)
+                unstaged = False
+                if store_t is double and acc_t is double:
+                    if GS3D_HAVE_SIMD_GATHER and out_flat:
+                        # the points consecutive in each channel plane (NCDHW): 4 x 4 blocks
+                        gs3d_transpose_d(obuf, C, i1 - i0, C, &out[t.ob[i0]], oc, 0)
+                        unstaged = True
+                if not unstaged:
+                    for c in range(C):
+                        for i in range(i0, i1):
+                            st(out, t.ob[i] + c * oc, obuf[(i - i0) * C + c], hk)
             i0 = i1
     else:
         for c in range(C):
@@ -1897,7 +1910,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
     cdef gs3d_cl_args cl
-    cdef bint staged, cl_ok, v8d = False
+    cdef bint staged, cl_ok, v8d = False, go_flat, go_staged
     cdef Py_ssize_t extra, pstep, nxt
     cdef gs3d_rows_args rw
     if g.mode == MODE_NEAREST:
@@ -2056,10 +2069,18 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         per = <int>min(<Py_ssize_t>TILE, STAGE // C) if gc != 1 and C <= STAGE else 0
         if store_t is double and acc_t is double:
             v8d = GS3D_HAVE_V8D and C % 8 == 0
+        go_flat = per and flat_points(g.gs, g, &pstep) and pstep == 1
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
-            if per:
+            go_staged = False
+            if store_t is double and acc_t is double:
+                if per and GS3D_HAVE_SIMD_GATHER and go_flat:
+                    # the points consecutive in each channel plane (NCDHW): 4 x 4 blocks
+                    # (unflagged points too, never read)
+                    gs3d_transpose_d(&grad[t.ob[i0]], gc, C, i1 - i0, dots, C, 0)
+                    go_staged = True
+            if per and not go_staged:
                 for c in range(C):
                     for i in range(i0, i1):
                         if t.vs[i] or (t.own[i] and t.vd[i]):
@@ -2390,6 +2411,11 @@ cdef void store_planes(const acc_t* A, Py_ssize_t* As, store_t* dx, Geo* g, Py_s
                         elif store_t is not double:
                             gs3d_transpose_fh(&A[o], As[2], g.W, g.C, &dx[d], ds[4],
                                               hk == HALF_BF16)
+                            continue
+                    if store_t is double and acc_t is double:
+                        if GS3D_HAVE_SIMD_GATHER and ds[3] == 1:
+                            # 4 x 4 blocks in registers
+                            gs3d_transpose_d(&A[o], As[2], g.W, g.C, &dx[d], ds[4], 0)
                             continue
                     x0 = 0
                     while x0 < g.W:
