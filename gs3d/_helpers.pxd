@@ -227,7 +227,8 @@ cdef extern from *:
        w[j] * x[off[j] + c] for each corner j set in v, in corner order, every block of eight
        channels summed in registers (the sum kept in memory, as the loop it replaces keeps it,
        made every corner wait for the previous corner's store; with a tail of C % 8 channels
-       that loop was the faster one). */
+       that loop was the faster one).  The SIMD builds' float64 gs3d_corners_d is below (this
+       one is gs3d_corners_d_loop there). */
     #define GS3D_CHANNEL_LOOPS(T, SUF) \
     static inline T gs3d_dot_##SUF(const T* __restrict go, const T* __restrict x, Py_ssize_t C) { \
         T s[8] = {0, 0, 0, 0, 0, 0, 0, 0}; \
@@ -295,7 +296,8 @@ cdef extern from *:
         const __m512d f0 = gs3d_fold_d(s0, s1), f1 = gs3d_fold_d(s2, s3);
         const __m512d f2 = gs3d_fold_d(s4, s5), f3 = gs3d_fold_d(s6, s7);
         /* (0 4) + (2 6) and (1 5) + (3 7): corners 0-3 in lo, 4-7 in hi, two lanes each */
-        __m512d lo = _mm512_add_pd(_mm512_shuffle_f64x2(f0, f1, 0x88), _mm512_shuffle_f64x2(f0, f1, 0xDD));
+        __m512d lo = _mm512_add_pd(_mm512_shuffle_f64x2(f0, f1, 0x88),
+                                   _mm512_shuffle_f64x2(f0, f1, 0xDD));
         const __m512d hi = _mm512_add_pd(_mm512_shuffle_f64x2(f2, f3, 0x88),
                                          _mm512_shuffle_f64x2(f2, f3, 0xDD));
         /* their sums, corners 0 4 1 5 2 6 3 7, put in corner order */
@@ -335,8 +337,10 @@ cdef extern from *:
         const __m256d p01 = gs3d_pairs_d(s0, s1), p23 = gs3d_pairs_d(s2, s3);
         const __m256d p45 = gs3d_pairs_d(s4, s5), p67 = gs3d_pairs_d(s6, s7);
         /* corners 0 2 1 3 and 4 6 5 7, put in corner order */
-        const __m256d r0 = _mm256_add_pd(_mm256_unpacklo_pd(p01, p23), _mm256_unpackhi_pd(p01, p23));
-        const __m256d r1 = _mm256_add_pd(_mm256_unpacklo_pd(p45, p67), _mm256_unpackhi_pd(p45, p67));
+        const __m256d r0 = _mm256_add_pd(_mm256_unpacklo_pd(p01, p23),
+                                         _mm256_unpackhi_pd(p01, p23));
+        const __m256d r1 = _mm256_add_pd(_mm256_unpacklo_pd(p45, p67),
+                                         _mm256_unpackhi_pd(p45, p67));
         _mm256_storeu_pd(d8, _mm256_permute4x64_pd(r0, 0xD8));
         _mm256_storeu_pd(d8 + 4, _mm256_permute4x64_pd(r1, 0xD8));
     }
@@ -405,9 +409,9 @@ cdef extern from *:
        accumulator and grad_output (go), C a multiple of 8 (nb blocks of eight kept in
        registers; 0: C / 8 at run time, read from go): d8[j] = gs3d_dot_d(go, x + xb + xd[j],
        C) for the corners j in vd (0 for the others; d8 untouched when vd is 0), then
-       A[ab + ad[j] + c] += w[j * ws] *
-       go[c] (gs3d_axpy_d) for the corners in vs, in corner order.  Each corner's dot is one
-       vector from +0 (gs3d_dot8_d); the eight are reduced together by gs3d_reduce8_d. */
+       A[ab + ad[j] + c] += w[j * ws] * go[c] (gs3d_axpy_d) for the corners in vs, in corner
+       order.  Each corner's dot is one vector from +0 (gs3d_dot8_d); the eight are reduced
+       together by gs3d_reduce8_d. */
     GS3D_ALWAYS_INLINE void gs3d_point_bwd_d_body(const double* __restrict x, Py_ssize_t xb,
                                                   const Py_ssize_t* __restrict xd, double* A,
                                                   Py_ssize_t ab, const Py_ssize_t* __restrict ad,

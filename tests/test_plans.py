@@ -655,12 +655,13 @@ def test_float32_forward_agrees_across_builds(align, padding, n_points, C, layou
                                       (40, "NDHWC")])
 def test_float64_agrees_across_builds(align, padding, n_points, C, layout):
     """float64 runs the tile loop in every build, its channel loops (gs3d_corners_d,
-    gs3d_dot_d, gs3d_axpy_d) compiled for each build's instruction set, and in the AVX-512
-    build a multiple of 8 channels through 512-bit code (gs3d_corners_d's blocks side by side,
-    gs3d_point_bwd_d's dots reduced together; 8 to 32 channels unrolled, 40 the general loop):
-    forward, input gradient and grid gradient must have the same bits in all, for every tail
-    length, with NaN/inf/huge coordinates, at one thread and at two (a batch item per thread,
-    and one item shared by both), and agree with the reference."""
+    gs3d_dot_d, gs3d_axpy_d) compiled for each build's instruction set, and in the SIMD builds
+    a multiple of 8 channels through vectors of eight doubles (one 512-bit or two 256-bit
+    registers: from 16 channels the forward's blocks side by side, and gs3d_point_bwd_d's dots
+    reduced together; 8 to 32 channels unrolled, 40 the general loop; NCDHW's copies by
+    gs3d_transpose_d): forward, input gradient and grid gradient must have the same bits in
+    all, for every tail length, with NaN/inf/huge coordinates, at one thread and at two (a
+    batch item per thread, and one item shared by both), and agree with the reference."""
     from gs3d import reference
     rng = np.random.default_rng(100 + n_points)
     x = rng.standard_normal((2, C, 4, 5, 6))
@@ -689,9 +690,10 @@ def test_float64_agrees_across_builds(align, padding, n_points, C, layout):
 @pytest.mark.parametrize("C", [8, 16, 40, 72])
 def test_float64_strided_grad_output_agrees_across_builds(C):
     """A channels-last grad_output whose channel stride is not 1 (an NCDHW array's axes moved):
-    the float64 backward stages each group of points' values channel by channel (at most 64
-    points; C = 72 reads them in place, strided) before the per-point loops.  Same bits in
-    every build as with a contiguous grad_output, and the reference's values."""
+    the float64 backward stages each group of points' values (at most 64 points, 56 at C = 72;
+    tiles of 64, 64 and 22 points) before the per-point loops, channel by channel in the
+    baseline build and by 4 x 4 transpositions in the SIMD builds.  Same bits in every build
+    as with a contiguous grad_output, and the reference's values."""
     from gs3d import reference
     rng = np.random.default_rng(C)
     x = np.ascontiguousarray(np.moveaxis(rng.standard_normal((2, C, 5, 4, 6)), 1, 4))
