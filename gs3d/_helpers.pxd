@@ -347,9 +347,10 @@ cdef extern from *:
     #endif
     /* gs3d_corners_d_loop with the blocks of up to 32 channels summed side by side (each
        block's sum is still one chain of adds in corner order; a block at a time, that chain's
-       latency was the loop's cost).  Eight channels (one block) keep the loop: as one 512-bit
-       vector they lost on the channels-last copy of NCDHW (8x8x32^3 smooth 0.85-0.91x), and
-       so did the loop compiled for exactly 8 (0.87-0.92x) */
+       latency was the loop's cost).  Eight channels (one block) take gs3d_corners2_d where
+       forward_tile can (two points side by side), else the loop: as one 512-bit vector a
+       point at a time they lost on the channels-last copy of NCDHW (8x8x32^3 smooth
+       0.85-0.91x), and so did the loop compiled for exactly 8 (0.87-0.92x) */
     GS3D_ALWAYS_INLINE void gs3d_corners_d_blocks(double* __restrict r, const double* __restrict x,
                                                   const Py_ssize_t* __restrict off,
                                                   const double* __restrict w, unsigned v,
@@ -388,6 +389,28 @@ cdef extern from *:
             gs3d_corners_d_loop(r, x, off, w, v, C);
         else
             gs3d_corners_d_wide(r, x, off, w, v, C);
+    }
+    /* gs3d_corners_d_loop for eight channels and two points at once (point i: offsets xb0,
+       weights w[j * ws], mask v0, sums into r0; point i + 1: xb1, w[j * ws + 1], v1, r1):
+       each point's sum is its own chain in corner order, the two chains side by side (one
+       point at a time, its chain's latency was the loop's cost) */
+    static inline void gs3d_corners2_d(double* __restrict r0, double* __restrict r1,
+                                       const double* __restrict x, Py_ssize_t xb0,
+                                       Py_ssize_t xb1, const Py_ssize_t* __restrict xd,
+                                       const double* __restrict w, Py_ssize_t ws, unsigned v0,
+                                       unsigned v1) {
+        gs3d_v8d s0 = gs3d_v8d_zero(), s1 = gs3d_v8d_zero();
+        int j;
+        for (j = 0; j < 8; j++) {
+            if ((v0 >> j) & 1)
+                s0 = gs3d_v8d_add(s0, gs3d_v8d_mul(gs3d_v8d_set1(w[j * ws]),
+                                                   gs3d_v8d_ld(x + xb0 + xd[j])));
+            if ((v1 >> j) & 1)
+                s1 = gs3d_v8d_add(s1, gs3d_v8d_mul(gs3d_v8d_set1(w[j * ws + 1]),
+                                                   gs3d_v8d_ld(x + xb1 + xd[j])));
+        }
+        gs3d_v8d_st(r0, s0);
+        gs3d_v8d_st(r1, s1);
     }
     /* one corner's dot vector: +0, plus go[c] * x[c] in lane c % 8, block by block (go's nb
        blocks in G; nb 0: C / 8 blocks read from go) */
@@ -463,6 +486,12 @@ cdef extern from *:
     }
     #else
     #define GS3D_HAVE_V8D 0
+    static inline void gs3d_corners2_d(double* r0, double* r1, const double* x, Py_ssize_t xb0,
+                                       Py_ssize_t xb1, const Py_ssize_t* xd, const double* w,
+                                       Py_ssize_t ws, unsigned v0, unsigned v1) {
+        (void)r0; (void)r1; (void)x; (void)xb0; (void)xb1; (void)xd; (void)w; (void)ws;
+        (void)v0; (void)v1;
+    }
     static inline void gs3d_point_bwd_d(const double* x, Py_ssize_t xb, const Py_ssize_t* xd,
                                         double* A, Py_ssize_t ab, const Py_ssize_t* ad,
                                         const double* w, Py_ssize_t ws, const double* go,
@@ -2710,6 +2739,9 @@ cdef extern from *:
     void gs3d_corners_d(double* r, const double* x, const Py_ssize_t* off, const double* w,
                         unsigned v, Py_ssize_t C) noexcept nogil
     int GS3D_HAVE_V8D
+    void gs3d_corners2_d(double* r0, double* r1, const double* x, Py_ssize_t xb0, Py_ssize_t xb1,
+                         const Py_ssize_t* xd, const double* w, Py_ssize_t ws, unsigned v0,
+                         unsigned v1) noexcept nogil
     void gs3d_point_bwd_d(const double* x, Py_ssize_t xb, const Py_ssize_t* xd, double* A,
                           Py_ssize_t ab, const Py_ssize_t* ad, const double* w, Py_ssize_t ws,
                           const double* go, unsigned vd, unsigned vs, Py_ssize_t C,

@@ -51,7 +51,7 @@ from gs3d._helpers cimport (
     HALF_BF16, gs3d_map_axis_linear, GS3D_HAVE_F16C, gs3d_f16x8_hw,
     gs3d_corners_x, gs3d_corners_y, gs3d_corners_z, GS3D_HAVE_SIMD_GATHER, gs3d_forward_gather_avx2, gs3d_forward_gather_h,
     gs3d_bwd_args, gs3d_backward_gather_avx2, gs3d_setup_args, gs3d_setup_tile_f, gs3d_dot_f, gs3d_dot_d, gs3d_axpy_f, gs3d_axpy_d,
-    gs3d_corners_f, gs3d_corners_d, GS3D_HAVE_V8D, gs3d_point_bwd_d,
+    gs3d_corners_f, gs3d_corners_d, GS3D_HAVE_V8D, gs3d_point_bwd_d, gs3d_corners2_d,
     GS3D_HAVE_HALF_SIMD, gs3d_dot_h, gs3d_store_h, gs3d_cl_args, gs3d_backward_cl_avx2, GS3D_CL_GOBUF,
     gs3d_clf_args, gs3d_forward_cl_avx2, gs3d_rows_args, gs3d_backward_rows, gs3d_tile_planes_f,
     gs3d_tile_planes_h, gs3d_transpose_f, gs3d_transpose_hf, gs3d_transpose_u16, gs3d_transpose_fh,
@@ -1113,7 +1113,9 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t* r
     cdef int hk = g.half_kind
     cdef gs3d_clf_args clf
-    cdef bint use_cl = False, direct = False, out_flat, unstaged
+    cdef bint use_cl = False, direct = False, out_flat, unstaged, pair_d = False
+    cdef acc_t* r1
+    cdef int k
     cdef Py_ssize_t pstep
     As[0] = As[1] = As[2] = As[3] = 0
     if g.mode == MODE_NEAREST:
@@ -1176,6 +1178,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             # there by gs3d_corners_d / _f (below) instead of copied from scratch
             direct = not use_cl and not per and oc == 1 and C % 8 == 0
         out_flat = per and flat_points(g.gs, g, &pstep) and pstep == 1
+        if store_t is double and acc_t is double:
+            pair_d = GS3D_HAVE_V8D and C == 8 and (per or direct)
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
@@ -1194,6 +1198,28 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
                     elif store_t is not double:
                         clf.xh, clf.xkind = x, 2 if hk == HALF_BF16 else 1
                     gs3d_forward_cl_avx2(&clf)
+            elif pair_d:
+                # float64, eight channels, SIMD builds: two points at a time (gs3d_corners2_d;
+                # the loop below's operations, same bits), each into its own row
+                i = i0
+                while i < i1:
+                    for k in range(i, min(i + 2, i1)):
+                        if k + ahead < cnt and t.vs[k + ahead]:
+                            prefetch_corners(x, scratch, t, k + ahead, t.vs[k + ahead], 0)
+                    r = &obuf[(i - i0) * C] if per else <acc_t*>&out[t.ob[i]]
+                    if i + 1 < i1:
+                        r1 = &obuf[(i + 1 - i0) * C] if per else <acc_t*>&out[t.ob[i + 1]]
+                        if store_t is double and acc_t is double:
+                            gs3d_corners2_d(r, r1, x, t.xb[i], t.xb[i + 1], t.xd, &t.w[i], TILE,
+                                            t.vs[i], t.vs[i + 1])
+                        i += 2
+                    else:
+                        for j in range(8):
+                            xo8[j] = xo(t, i, j)
+                        corner_weights(t, i, w8)
+                        if store_t is double and acc_t is double:
+                            gs3d_corners_d(r, x, xo8, w8, t.vs[i], C)
+                        i += 1
             else:
                 for i in range(i0, i1):
                     r = &obuf[(i - i0) * C] if per else scratch
