@@ -1113,7 +1113,7 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
     cdef acc_t* r
     cdef int hk = g.half_kind
     cdef gs3d_clf_args clf
-    cdef bint use_cl = False, direct = False, out_flat, unstaged, pair_d = False
+    cdef bint use_cl = False, direct = False, out_flat = False, unstaged, pair_d = False
     cdef acc_t* r1
     cdef int k
     cdef Py_ssize_t pstep
@@ -1177,9 +1177,11 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             # a multiple of 8 channels into a channels-last output: each point's sums stored
             # there by gs3d_corners_d / _f (below) instead of copied from scratch
             direct = not use_cl and not per and oc == 1 and C % 8 == 0
-        out_flat = per and flat_points(g.gs, g, &pstep) and pstep == 1
         if store_t is double and acc_t is double:
             pair_d = GS3D_HAVE_V8D and C == 8 and (per or direct)
+            # staged points consecutive in each channel plane (NCDHW): gs3d_transpose_d below
+            out_flat = (GS3D_HAVE_SIMD_GATHER and per and flat_points(g.gs, g, &pstep)
+                        and pstep == 1)
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
@@ -1259,8 +1261,8 @@ cdef void forward_tile(const store_t* x, const store_t* q, store_t* out, acc_t* 
             elif per:
                 unstaged = False
                 if store_t is double and acc_t is double:
-                    if GS3D_HAVE_SIMD_GATHER and out_flat:
-                        # the points consecutive in each channel plane (NCDHW): 4 x 4 blocks
+                    if out_flat:
+                        # 4 x 4 blocks
                         gs3d_transpose_d(obuf, C, i1 - i0, C, &out[t.ob[i0]], oc, 0)
                         unstaged = True
                 if not unstaged:
@@ -1936,7 +1938,7 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
     cdef int hk = g.half_kind
     cdef gs3d_bwd_args ba
     cdef gs3d_cl_args cl
-    cdef bint staged, cl_ok, v8d = False, go_flat, go_staged
+    cdef bint staged, cl_ok, v8d = False, go_flat = False, go_staged
     cdef Py_ssize_t extra, pstep, nxt
     cdef gs3d_rows_args rw
     if g.mode == MODE_NEAREST:
@@ -2095,15 +2097,16 @@ cdef void backward_tile(const store_t* grad, const store_t* x, const store_t* q,
         per = <int>min(<Py_ssize_t>TILE, STAGE // C) if gc != 1 and C <= STAGE else 0
         if store_t is double and acc_t is double:
             v8d = GS3D_HAVE_V8D and C % 8 == 0
-        go_flat = per and flat_points(g.gs, g, &pstep) and pstep == 1
+            # staged points consecutive in each channel plane (NCDHW): gs3d_transpose_d below
+            go_flat = (GS3D_HAVE_SIMD_GATHER and per and flat_points(g.gs, g, &pstep)
+                       and pstep == 1)
         i0 = 0
         while i0 < cnt:
             i1 = min(cnt, i0 + per) if per else cnt
             go_staged = False
             if store_t is double and acc_t is double:
-                if per and GS3D_HAVE_SIMD_GATHER and go_flat:
-                    # the points consecutive in each channel plane (NCDHW): 4 x 4 blocks
-                    # (unflagged points too, never read)
+                if go_flat:
+                    # 4 x 4 blocks (unflagged points too, never read)
                     gs3d_transpose_d(&grad[t.ob[i0]], gc, C, i1 - i0, dots, C, 0)
                     go_staged = True
             if per and not go_staged:
